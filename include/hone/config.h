@@ -1,0 +1,54 @@
+#pragma once
+// BertConfig with Hugging Face's field names and defaults (transformers.BertConfig).
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hone/backend.h"
+
+namespace hone {
+
+struct BertConfig {
+  int vocab_size = 30522;
+  int hidden_size = 768;
+  int num_hidden_layers = 12;
+  int num_attention_heads = 12;
+  int intermediate_size = 3072;
+  std::string hidden_act = "gelu";
+  float hidden_dropout_prob = 0.1f;
+  float attention_probs_dropout_prob = 0.1f;
+  int max_position_embeddings = 512;
+  int type_vocab_size = 2;
+  float initializer_range = 0.02f;
+  float layer_norm_eps = 1e-12f;
+  int pad_token_id = 0;
+  std::string position_embedding_type = "absolute";
+  std::optional<float> classifier_dropout;  // null: hidden_dropout_prob is used
+  int num_labels = 2;
+  std::vector<std::string> id2label;  // size num_labels; "LABEL_i" when not given
+  std::string problem_type;           // "", "regression", "single_label_classification"
+  nlohmann::json extra = nlohmann::json::object();  // fields hone does not use, written back unchanged
+
+  // Parses a config.json object; `source` names the file in error messages.
+  static BertConfig from_json(const nlohmann::json& j, const std::string& source);
+  static BertConfig load(const std::string& path);  // reads and parses a config.json
+  nlohmann::json to_json() const;                   // as transformers writes it
+  void save(const std::string& path) const;         // atomically
+
+  // Throws hone::Error naming `source` and the field for inconsistent values.
+  void validate(const std::string& source) const;
+  Activation activation() const;
+  int head_dim() const { return hidden_size / num_attention_heads; }
+  float effective_classifier_dropout() const { return classifier_dropout.value_or(hidden_dropout_prob); }
+  // "regression" when num_labels == 1, else single-label classification, unless set.
+  std::string resolved_problem_type() const;
+};
+
+// Configurations hone knows without any file: bert-tiny, bert-mini, bert-small,
+// bert-medium, bert-base-uncased, bert-large-uncased (also with a "google-bert/" prefix).
+std::optional<BertConfig> builtin_config(std::string_view name);
+std::vector<std::string> builtin_config_names();
+
+}  // namespace hone

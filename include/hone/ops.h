@@ -1,0 +1,49 @@
+#pragma once
+// What model and trainer code call. Each wrapper checks dtypes and shapes (so a wrong
+// shape is caught during planning, before any memory exists), then dispatches to the
+// backend unless it is in a dry run. Semantics are documented in backend.h.
+#include "hone/backend.h"
+
+namespace hone::ops {
+
+void fill(Backend& be, Tensor& x, float value);
+void copy(Backend& be, const Tensor& src, Tensor& dst);
+
+void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
+void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
+                     Tensor& dw, Tensor* db);
+
+void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                       const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace);
+void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+                        const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
+
+void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                       Tensor& mean, Tensor& rstd);
+void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
+void activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y);
+void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx);
+void tanh_forward(Backend& be, const Tensor& x, Tensor& y);
+void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx);
+void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y);
+void dropout_add(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out);
+
+void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
+                       const Tensor& type, int seq, Tensor& out);
+void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
+                        Tensor& dword, Tensor& dpos, Tensor& dtype);
+void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
+void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
+
+void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
+                   Tensor& dlogits);
+void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred);
+
+void sum_squares(Backend& be, const Tensor& x, Tensor& out);
+void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef);
+void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+           const Tensor& norm_coef);
+
+}  // namespace hone::ops

@@ -1,0 +1,55 @@
+#pragma once
+// Philox4x32-10, the counter-based generator (Salmon et al., SC'11). Every random number
+// hone draws (weight init, dropout masks, data order) is a pure function of
+// (seed, stream, index), so the CPU and CUDA backends produce the same bits in any
+// thread order.
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define HONE_HD __host__ __device__ __forceinline__
+#else
+#define HONE_HD inline
+#endif
+
+namespace hone {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+HONE_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = uint64_t(0xD2511F53u) * c0;
+    uint64_t p1 = uint64_t(0xCD9E8D57u) * c2;
+    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(p1);
+    c3 = uint32_t(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// Four random words for block `block` of stream `stream` under `seed`.
+HONE_HD Philox4 philox_block(uint64_t seed, uint64_t stream, uint64_t block) {
+  return philox4x32(uint32_t(block), uint32_t(block >> 32), uint32_t(stream), uint32_t(stream >> 32),
+                    uint32_t(seed), uint32_t(seed >> 32));
+}
+
+// The 32-bit word for element i: word i % 4 of block i / 4.
+HONE_HD uint32_t philox_word(uint64_t seed, uint64_t stream, uint64_t i) {
+  return philox_block(seed, stream, i >> 2).v[i & 3];
+}
+
+// Uniform in [0, 1) with 24 bits.
+HONE_HD float uniform_from_word(uint32_t w) { return float(w >> 8) * (1.0f / 16777216.0f); }
+
+// Dropout keeps element i when its uniform is >= p.
+HONE_HD bool dropout_keep(uint64_t seed, uint64_t stream, uint64_t i, float p) {
+  return uniform_from_word(philox_word(seed, stream, i)) >= p;
+}
+
+}  // namespace hone

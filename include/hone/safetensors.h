@@ -1,0 +1,64 @@
+#pragma once
+// The safetensors format: 8-byte little-endian header length N, N bytes of JSON
+// ({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}),
+// then the data; offsets are relative to the end of the header.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hone/dtype.h"
+#include "hone/tensor.h"
+
+namespace hone {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;  // into the mapping
+  size_t bytes = 0;
+  int64_t numel() const;
+};
+
+// A memory-mapped, fully validated safetensors file. Every malformation (short file,
+// header past the end, invalid JSON, unknown dtype, size/shape mismatch, offsets out of
+// range or overlapping) throws hone::Error naming the file and the tensor.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* find(const std::string& name) const;  // null if absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Copies an entry into F32 memory of `count` floats, converting F16/BF16/F32 (and
+  // integer dtypes) to float. Throws if the element count differs.
+  void read_f32(const SafetensorsEntry& e, float* out, int64_t count) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;  // host memory
+};
+
+// Writes tensors (in the given order) atomically: a temporary file in the same
+// directory, fsync, rename.
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// Atomic write of a whole file's content (temporary name, fsync, rename).
+void write_file_atomic(const std::string& path, const std::string& content);
+
+}  // namespace hone

@@ -1,0 +1,56 @@
+#include "test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <unistd.h>
+
+namespace hone::test {
+
+HostTensor::HostTensor(DType d, Shape s) : storage(size_t(s.numel()) * dtype_size(d)) {
+  t = Tensor{storage.data(), d, s, Device::CPU};
+}
+
+void fill_uniform(HostTensor& h, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = u(g);
+}
+
+double max_rel_error(const float* a, const float* b, int64_t n, double floor) {
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i)
+    worst = std::max(worst, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), floor));
+  return worst;
+}
+
+double norm_rel_error(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+TempDir::TempDir() {
+  static int counter = 0;
+  auto base = std::filesystem::temp_directory_path();
+  for (;;) {
+    auto p = base / ("hone-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    if (std::filesystem::create_directory(p)) {
+      path = p.string();
+      return;
+    }
+  }
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+std::string fixtures_dir() { return HONE_FIXTURES_DIR; }
+
+}  // namespace hone::test

@@ -1,0 +1,47 @@
+#pragma once
+// Helpers shared by the tests: host buffers that own their memory, random fill,
+// comparisons with a relative tolerance, temporary directories.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hone/tensor.h"
+
+namespace hone::test {
+
+// A host tensor that owns its storage (tests only; the library never owns memory this way).
+struct HostTensor {
+  std::vector<std::byte> storage;
+  Tensor t;
+  HostTensor() = default;
+  HostTensor(DType d, Shape s);
+  HostTensor(const HostTensor&) = delete;
+  HostTensor& operator=(const HostTensor&) = delete;
+  HostTensor(HostTensor&&) = default;
+  HostTensor& operator=(HostTensor&&) = default;
+  float* f() { return t.f32(); }
+  int32_t* i() { return t.ptr<int32_t>(); }
+  int64_t n() const { return t.numel(); }
+};
+
+// Uniform in [lo, hi) from a seeded generator.
+void fill_uniform(HostTensor& h, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// max |a - b| / max(|b|, floor) over all elements; the floor keeps near-zero
+// references from dominating.
+double max_rel_error(const float* a, const float* b, int64_t n, double floor = 1e-6);
+// Relative error of the whole vector: ||a - b|| / ||b||.
+double norm_rel_error(const float* a, const float* b, int64_t n);
+
+// A fresh empty directory under the system temp dir, removed at destruction.
+struct TempDir {
+  std::string path;
+  TempDir();
+  ~TempDir();
+};
+
+std::string fixtures_dir();
+
+}  // namespace hone::test
