@@ -1,0 +1,47 @@
+#pragma once
+// Training arguments with Hugging Face TrainingArguments' names and defaults.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hone {
+
+struct TrainingArguments {
+  // model and data
+  std::string model_name_or_path = "bert-tiny";  // a directory with config.json, or a built-in name
+  std::string dataset = "synthetic:512x512";     // synthetic:NxL (N sequences of L tokens)
+  std::string output_dir = "trainer_output";     // transformers 5 default
+  // schedule
+  int per_device_train_batch_size = 8;
+  int gradient_accumulation_steps = 1;
+  double num_train_epochs = 3.0;
+  int64_t max_steps = -1;  // > 0 overrides num_train_epochs
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  std::string lr_scheduler_type = "linear";  // linear | constant | constant_with_warmup | cosine
+  double warmup_ratio = 0.0;
+  int64_t warmup_steps = 0;                  // > 0 overrides warmup_ratio
+  std::string optim = "adamw_torch";         // adamw_torch | adamw_torch_fused (the same update in hone)
+  uint64_t seed = 42;
+  // logging and output
+  int64_t logging_steps = 500;
+  bool logging_first_step = false;
+  bool disable_tqdm = false;
+  // hone-specific
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // CPU threads; 0 = all cores
+};
+
+// Parses `hone train`/`hone estimate` style flags (--name value or --name=value; boolean
+// flags also as --flag or --flag=true). Unknown flags and invalid values throw
+// hone::Error with a message naming the flag.
+TrainingArguments parse_training_arguments(const std::vector<std::string>& argv);
+
+// Checks values (positive batch size, rates in range, known scheduler/optimizer names).
+void validate(const TrainingArguments& a);
+
+}  // namespace hone
