@@ -36,12 +36,24 @@ struct TrainingArguments {
   int threads = 0;              // CPU threads; 0 = all cores
 };
 
-// Parses `hone train`/`hone estimate` style flags (--name value or --name=value; boolean
-// flags also as --flag or --flag=true). Unknown flags and invalid values throw
-// hone::Error with a message naming the flag.
+// Parses `hone train`/`hone estimate` style flags, without the program and subcommand names:
+// --name value or --name=value; boolean flags also as --flag, --flag=false or --flag False.
+// Unknown flags and invalid values throw hone::Error with a message naming the flag; a
+// repeated flag keeps its last value, as with argparse.
+// `-h`/`--help` throws CLI::CallForHelp (a CLI11 exception, not hone::Error): a program that
+// prints help attaches the flags to its own CLI::App with add_training_arguments
+// (src/train/arguments_cli.h) and lets CLI11 render it. Calls validate() on the result.
 TrainingArguments parse_training_arguments(const std::vector<std::string>& argv);
 
-// Checks values (positive batch size, rates in range, known scheduler/optimizer names).
+// Checks values (positive batch size, rates in range, known scheduler/optimizer names,
+// the --dataset spec) and throws hone::Error naming the offending flag.
 void validate(const TrainingArguments& a);
+
+// The parts of a --dataset "synthetic:NxL" spec: N sequences of L tokens (N >= 1, L >= 2).
+struct SyntheticSpec {
+  int64_t n;
+  int len;
+};
+SyntheticSpec parse_synthetic_dataset(const std::string& spec);
 
 }  // namespace hone
