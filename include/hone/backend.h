@@ -47,6 +47,7 @@ class Backend {
   virtual void fill(Tensor& x, float value) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // bytewise, src.bytes() == dst.bytes()
   virtual void read(const Tensor& src, float* host, size_t n) = 0;  // first n F32 values to host
+  virtual void add_scaled(const Tensor& x, float alpha, Tensor& y) = 0;  // y += alpha * x
 
   // y[M,N] = x[M,K] w[N,K]^T + b[N]   (b may be null)
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;

@@ -12,6 +12,7 @@ class CpuBackend final : public Backend {
   void fill(Tensor& x, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void read(const Tensor& src, float* host, size_t n) override;
+  void add_scaled(const Tensor& x, float alpha, Tensor& y) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;

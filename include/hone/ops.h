@@ -8,6 +8,7 @@ namespace hone::ops {
 
 void fill(Backend& be, Tensor& x, float value);
 void copy(Backend& be, const Tensor& src, Tensor& dst);
+void add_scaled(Backend& be, const Tensor& x, float alpha, Tensor& y);
 
 void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
 void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,

@@ -1,0 +1,171 @@
+// Scaled dot-product self-attention over the fused QKV projection. Q, K and V head
+// slices are read in place from qkv (leading dimension 3H); one (batch, head) pair at a
+// time, so that BLAS threads each product and the scratch stays at a few [S, S] blocks.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+#include "ops/op_util.h"
+
+namespace hone {
+
+namespace ops {
+
+namespace {
+
+void check_attention(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop,
+                     const Tensor& qkv, const Tensor& probs, const Tensor& workspace) {
+  if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
+    fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
+  detail::expect_dropout(op, drop);
+  const int64_t tokens = int64_t(d.batch) * d.seq;
+  detail::expect(op, "qkv", qkv, DType::F32, {tokens, 3 * int64_t(d.hidden())});
+  detail::expect(op, "probs", probs, DType::F32, {d.batch, d.heads, d.seq, d.seq});
+  detail::expect_dtype(op, "workspace", workspace, DType::F32);
+  const int64_t need = be.attention_workspace_elems(d);
+  if (workspace.numel() < need)
+    fail("{}: workspace has {} elements, expected at least {}", op, workspace.numel(), need);
+}
+
+}  // namespace
+
+void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                       const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) {
+  check_attention("attention_forward", be, d, drop, qkv, probs, workspace);
+  detail::expect("attention_forward", "mask", mask, DType::I32, {d.batch, d.seq});
+  detail::expect("attention_forward", "ctx", ctx, DType::F32, {int64_t(d.batch) * d.seq, d.hidden()});
+  if (be.dry_run) return;
+  be.attention_forward(qkv, mask, d, drop, probs, ctx, workspace);
+}
+
+void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+                        const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
+  check_attention("attention_backward", be, d, drop, qkv, probs, workspace);
+  const int64_t tokens = int64_t(d.batch) * d.seq;
+  detail::expect("attention_backward", "dctx", dctx, DType::F32, {tokens, d.hidden()});
+  detail::expect("attention_backward", "dqkv", dqkv, DType::F32, {tokens, 3 * int64_t(d.hidden())});
+  if (be.dry_run) return;
+  be.attention_backward(dctx, qkv, probs, d, drop, dqkv, workspace);
+}
+
+}  // namespace ops
+
+namespace {
+
+// Hugging Face's additive mask value, torch.finfo(torch.float32).min. Added to scores of
+// size far below its ulp it gives exactly this value, so a row with every key masked
+// becomes uniform, as in transformers.
+constexpr float kMasked = std::numeric_limits<float>::lowest();
+
+void masked_softmax_row(float* row, const int32_t* mask, int n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < n; ++j) {
+    if (mask[j] == 0) row[j] += kMasked;
+    mx = std::max(mx, row[j]);
+  }
+  double sum = 0;
+  for (int j = 0; j < n; ++j) {
+    row[j] = std::exp(row[j] - mx);
+    sum += row[j];
+  }
+  const float inv = float(1.0 / sum);
+  for (int j = 0; j < n; ++j) row[j] *= inv;
+}
+
+}  // namespace
+
+int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d) const {
+  return 2 * int64_t(d.seq) * d.seq;  // dropped probs and the score gradient of one head
+}
+
+void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                                   const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) {
+  const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const bool dropping = drop.p > 0.0f;
+  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const float* qkvp = qkv.f32();
+  const int32_t* maskp = mask.ptr<int32_t>();
+  float* probsp = probs.f32();
+  float* ctxp = ctx.f32();
+  float* dropped = workspace.f32();  // [S, S]
+  for (int b = 0; b < d.batch; ++b) {
+    const int32_t* m = maskp + int64_t(b) * S;
+    for (int h = 0; h < d.heads; ++h) {
+      const float* q = qkvp + int64_t(b) * S * ld + h * hd;
+      const float* k = q + H;
+      const float* v = q + 2 * H;
+      const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;  // flat index of probs[b, h, 0, 0]
+      float* p = probsp + base;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, d.scale, q, ld, k, ld, 0.0f, p, S);
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < S; ++i) {
+        float* row = p + int64_t(i) * S;
+        masked_softmax_row(row, m, S);
+        if (dropping) {
+          float* out = dropped + int64_t(i) * S;
+          ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S,
+                                     [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
+        }
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, v, ld, 0.0f,
+                  ctxp + int64_t(b) * S * H + h * hd, H);
+    }
+  }
+}
+
+void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+                                    const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
+                                    Tensor& workspace) {
+  const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const bool dropping = drop.p > 0.0f;
+  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const float* qkvp = qkv.f32();
+  const float* dctxp = dctx.f32();
+  const float* probsp = probs.f32();
+  float* dqkvp = dqkv.f32();
+  float* dropped = workspace.f32();           // [S, S]
+  float* dscores = dropped + int64_t(S) * S;  // [S, S]
+  for (int b = 0; b < d.batch; ++b) {
+    for (int h = 0; h < d.heads; ++h) {
+      const int64_t off = int64_t(b) * S * ld + h * hd;
+      const float* q = qkvp + off;
+      const float* k = q + H;
+      const float* v = q + 2 * H;
+      float* dq = dqkvp + off;
+      float* dk = dq + H;
+      float* dv = dq + 2 * H;
+      const float* dc = dctxp + int64_t(b) * S * H + h * hd;
+      const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;
+      const float* p = probsp + base;
+      // d(dropped probs) = dctx V^T
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, S);
+#pragma omp parallel for schedule(static)
+      for (int i = 0; i < S; ++i) {
+        const float* prow = p + int64_t(i) * S;
+        float* g = dscores + int64_t(i) * S;
+        if (dropping) {
+          // One walk of the mask gives both the dropped probs (for dV) and d(probs).
+          float* out = dropped + int64_t(i) * S;
+          ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S, [&](int64_t j, bool keep) {
+            out[j] = keep ? prow[j] * keep_scale : 0.0f;
+            g[j] = keep ? g[j] * keep_scale : 0.0f;
+          });
+        }
+        // Softmax backward: dS = P * (dP - sum(dP * P)).
+        double dot = 0;
+        for (int j = 0; j < S; ++j) dot += double(g[j]) * prow[j];
+        for (int j = 0; j < S; ++j) g[j] = prow[j] * (g[j] - float(dot));
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, dc, H, 0.0f,
+                  dv, ld);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, k, ld, 0.0f, dq, ld);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, q, ld, 0.0f, dk, ld);
+    }
+  }
+}
+
+}  // namespace hone

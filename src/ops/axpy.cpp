@@ -1,0 +1,19 @@
+#include <cblas.h>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+
+namespace hone {
+
+void ops::add_scaled(Backend& be, const Tensor& x, float alpha, Tensor& y) {
+  HONE_CHECK(x.dtype == DType::F32 && y.dtype == DType::F32 && x.numel() == y.numel(),
+             "add_scaled: x {} and y {} must be F32 of the same size", x.shape.str(), y.shape.str());
+  if (be.dry_run) return;
+  be.add_scaled(x, alpha, y);
+}
+
+void CpuBackend::add_scaled(const Tensor& x, float alpha, Tensor& y) {
+  cblas_saxpy(int(x.numel()), alpha, x.f32(), 1, y.f32(), 1);
+}
+
+}  // namespace hone

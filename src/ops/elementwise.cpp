@@ -1,0 +1,165 @@
+// Activations, tanh and dropout: one independent element at a time, so outputs may
+// alias inputs.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+#include "ops/op_util.h"
+
+namespace hone {
+
+namespace ops {
+
+namespace {
+
+void check_same(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
+  detail::expect_dtype(op, name, t, DType::F32);
+  if (!(t.shape == ref.shape))
+    fail("{}: {} has shape {}, expected {} (the shape of {})", op, name, t.shape.str(), ref.shape.str(), ref_name);
+}
+
+}  // namespace
+
+void activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y) {
+  detail::expect_dtype("activation_forward", "x", x, DType::F32);
+  check_same("activation_forward", "y", y, "x", x);
+  if (be.dry_run) return;
+  be.activation_forward(a, x, y);
+}
+
+void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  detail::expect_dtype("activation_backward", "x", x, DType::F32);
+  check_same("activation_backward", "dy", dy, "x", x);
+  check_same("activation_backward", "dx", dx, "x", x);
+  if (be.dry_run) return;
+  be.activation_backward(a, dy, x, dx);
+}
+
+void tanh_forward(Backend& be, const Tensor& x, Tensor& y) {
+  detail::expect_dtype("tanh_forward", "x", x, DType::F32);
+  check_same("tanh_forward", "y", y, "x", x);
+  if (be.dry_run) return;
+  be.tanh_forward(x, y);
+}
+
+void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx) {
+  detail::expect_dtype("tanh_backward", "y", y, DType::F32);
+  check_same("tanh_backward", "dy", dy, "y", y);
+  check_same("tanh_backward", "dx", dx, "y", y);
+  if (be.dry_run) return;
+  be.tanh_backward(dy, y, dx);
+}
+
+void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y) {
+  detail::expect_dropout("dropout", d);
+  detail::expect_dtype("dropout", "x", x, DType::F32);
+  check_same("dropout", "y", y, "x", x);
+  if (be.dry_run) return;
+  be.dropout(x, d, y);
+}
+
+void dropout_add(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out) {
+  detail::expect_dropout("dropout_add", d);
+  detail::expect_dtype("dropout_add", "x", x, DType::F32);
+  check_same("dropout_add", "residual", residual, "x", x);
+  check_same("dropout_add", "out", out, "x", x);
+  if (be.dry_run) return;
+  be.dropout_add(x, residual, d, out);
+}
+
+}  // namespace ops
+
+namespace {
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kGeluCubic = 0.044715f;
+
+float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2)); }
+float gelu_grad(float x) {
+  return 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
+}
+float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x))); }
+float gelu_tanh_grad(float x) {
+  const float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// f(i) for i in [0, n), in parallel.
+template <typename F>
+void for_each_index(int64_t n, F f) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+// f(i, keep) over the mask of `d` for elements [0, n), in parallel chunks whose size is
+// a multiple of four so that no Philox block is computed twice.
+template <typename F>
+void for_each_keep_parallel(const DropoutSpec& d, int64_t n, F f) {
+  constexpr int64_t kChunk = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk)
+    ops::detail::for_each_keep(d, uint64_t(c0), std::min(kChunk, n - c0),
+                               [&](int64_t k, bool keep) { f(c0 + k, keep); });
+}
+
+}  // namespace
+
+void CpuBackend::activation_forward(Activation a, const Tensor& x, Tensor& y) {
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  switch (a) {
+    case Activation::Gelu: return for_each_index(x.numel(), [&](int64_t i) { yp[i] = gelu(xp[i]); });
+    case Activation::GeluTanh: return for_each_index(x.numel(), [&](int64_t i) { yp[i] = gelu_tanh(xp[i]); });
+    case Activation::Relu: return for_each_index(x.numel(), [&](int64_t i) { yp[i] = std::max(xp[i], 0.0f); });
+  }
+}
+
+void CpuBackend::activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const float *dyp = dy.f32(), *xp = x.f32();
+  float* dxp = dx.f32();
+  switch (a) {
+    case Activation::Gelu:
+      return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = dyp[i] * gelu_grad(xp[i]); });
+    case Activation::GeluTanh:
+      return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = dyp[i] * gelu_tanh_grad(xp[i]); });
+    case Activation::Relu:  // zero gradient at 0, as torch
+      return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = xp[i] > 0.0f ? dyp[i] : 0.0f; });
+  }
+}
+
+void CpuBackend::tanh_forward(const Tensor& x, Tensor& y) {
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for_each_index(x.numel(), [&](int64_t i) { yp[i] = std::tanh(xp[i]); });
+}
+
+void CpuBackend::tanh_backward(const Tensor& dy, const Tensor& y, Tensor& dx) {
+  const float *dyp = dy.f32(), *yp = y.f32();
+  float* dxp = dx.f32();
+  for_each_index(y.numel(), [&](int64_t i) { dxp[i] = dyp[i] * (1.0f - yp[i] * yp[i]); });
+}
+
+void CpuBackend::dropout(const Tensor& x, const DropoutSpec& d, Tensor& y) {
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  if (d.p == 0.0f) {
+    if (yp != xp) std::memcpy(yp, xp, x.bytes());
+    return;
+  }
+  const float scale = 1.0f / (1.0f - d.p);
+  for_each_keep_parallel(d, x.numel(), [&](int64_t i, bool keep) { yp[i] = keep ? xp[i] * scale : 0.0f; });
+}
+
+void CpuBackend::dropout_add(const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out) {
+  const float *xp = x.f32(), *rp = residual.f32();
+  float* op = out.f32();
+  if (d.p == 0.0f) return for_each_index(x.numel(), [&](int64_t i) { op[i] = rp[i] + xp[i]; });
+  const float scale = 1.0f / (1.0f - d.p);
+  for_each_keep_parallel(d, x.numel(), [&](int64_t i, bool keep) { op[i] = rp[i] + (keep ? xp[i] * scale : 0.0f); });
+}
+
+}  // namespace hone

@@ -1,0 +1,153 @@
+// BERT embeddings (word + position + token type) and the [CLS] row gather/scatter.
+#include <algorithm>
+#include <cstring>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+#include "ops/op_util.h"
+
+namespace hone {
+
+namespace ops {
+
+namespace {
+
+// Checks ids/types and the three tables; returns the hidden size.
+int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, int seq, const Tensor& word,
+                        const char* word_name, const Tensor& pos, const char* pos_name, const Tensor& type,
+                        const char* type_name) {
+  detail::expect_dtype(op, "ids", ids, DType::I32);
+  detail::expect(op, "types", types, DType::I32, ids.shape);
+  if (seq <= 0 || ids.numel() % seq != 0)
+    fail("{}: ids has {} tokens, not a whole number of sequences of {}", op, ids.numel(), seq);
+  detail::expect_dtype(op, word_name, word, DType::F32);
+  detail::expect_rank(op, word_name, word, 2);
+  const int64_t hidden = word.shape[1];
+  detail::expect_dtype(op, pos_name, pos, DType::F32);
+  detail::expect_rank(op, pos_name, pos, 2);
+  if (pos.shape[0] < seq || pos.shape[1] != hidden)
+    fail("{}: {} has shape {}, expected [>= {}, {}]", op, pos_name, pos.shape.str(), seq, hidden);
+  detail::expect_dtype(op, type_name, type, DType::F32);
+  detail::expect_rank(op, type_name, type, 2);
+  if (type.shape[1] != hidden)
+    fail("{}: {} has shape {}, expected [{}, {}]", op, type_name, type.shape.str(), type.shape[0], hidden);
+  return hidden;
+}
+
+// Checks hidden [B*S, H] against the [CLS] rows [B, H]; names as given.
+void check_first_tokens(const char* op, const Tensor& full, const char* full_name, const Tensor& first,
+                        const char* first_name, int seq) {
+  detail::expect_dtype(op, full_name, full, DType::F32);
+  detail::expect_rank(op, full_name, full, 2);
+  if (seq <= 0 || full.shape[0] % seq != 0)
+    fail("{}: {} has shape {}, not a whole number of sequences of {}", op, full_name, full.shape.str(), seq);
+  detail::expect(op, first_name, first, DType::F32, {full.shape[0] / seq, full.shape[1]});
+}
+
+}  // namespace
+
+void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
+                       const Tensor& type, int seq, Tensor& out) {
+  const int64_t hidden = check_embedding("embedding_forward", ids, types, seq, word, "word", pos, "pos", type, "type");
+  detail::expect("embedding_forward", "out", out, DType::F32, {ids.numel(), hidden});
+  if (be.dry_run) return;
+  be.embedding_forward(ids, types, word, pos, type, seq, out);
+}
+
+void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
+                        Tensor& dword, Tensor& dpos, Tensor& dtype) {
+  const int64_t hidden =
+      check_embedding("embedding_backward", ids, types, seq, dword, "dword", dpos, "dpos", dtype, "dtype");
+  detail::expect("embedding_backward", "dout", dout, DType::F32, {ids.numel(), hidden});
+  if (be.dry_run) return;
+  be.embedding_backward(dout, ids, types, seq, dword, dpos, dtype);
+}
+
+void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out) {
+  check_first_tokens("gather_first_tokens", hidden, "hidden", out, "out", seq);
+  if (be.dry_run) return;
+  be.gather_first_tokens(hidden, seq, out);
+}
+
+void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden) {
+  check_first_tokens("scatter_first_tokens", dhidden, "dhidden", dout, "dout", seq);
+  if (be.dry_run) return;
+  be.scatter_first_tokens(dout, seq, dhidden);
+}
+
+}  // namespace ops
+
+namespace {
+
+// Ids come from user data, so they are checked before any table is indexed.
+void check_ids(const Tensor& ids, const Tensor& types, int64_t vocab, int64_t type_vocab) {
+  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
+  for (int64_t t = 0; t < ids.numel(); ++t) {
+    if (ip[t] < 0 || ip[t] >= vocab)
+      fail("token id {} at position {} is out of range for a vocabulary of {}", ip[t], t, vocab);
+    if (tp[t] < 0 || tp[t] >= type_vocab)
+      fail("token type {} at position {} is out of range for {} token types", tp[t], t, type_vocab);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
+                                   const Tensor& type, int seq, Tensor& out) {
+  check_ids(ids, types, word.shape[0], type.shape[0]);
+  const int64_t tokens = ids.numel(), hidden = word.shape[1];
+  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
+  const float *wp = word.f32(), *pp = pos.f32(), *typ = type.f32();
+  float* op = out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* w = wp + ip[t] * hidden;
+    const float* p = pp + (t % seq) * hidden;
+    const float* ty = typ + tp[t] * hidden;
+    float* o = op + t * hidden;
+    for (int64_t c = 0; c < hidden; ++c) o[c] = w[c] + p[c] + ty[c];
+  }
+}
+
+void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
+                                    Tensor& dword, Tensor& dpos, Tensor& dtype) {
+  check_ids(ids, types, dword.shape[0], dtype.shape[0]);
+  const int64_t tokens = ids.numel(), hidden = dword.shape[1];
+  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
+  const float* dp = dout.f32();
+  float *dwp = dword.f32(), *dpp = dpos.f32(), *dtp = dtype.f32();
+  // Tokens repeat ids, so threads split the hidden columns rather than the tokens.
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < hidden; c0 += kBlock) {
+    const int64_t c1 = std::min(hidden, c0 + kBlock);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float* d = dp + t * hidden;
+      float* w = dwp + ip[t] * hidden;
+      float* p = dpp + (t % seq) * hidden;
+      float* ty = dtp + tp[t] * hidden;
+      for (int64_t c = c0; c < c1; ++c) {
+        w[c] += d[c];
+        p[c] += d[c];
+        ty[c] += d[c];
+      }
+    }
+  }
+}
+
+void CpuBackend::gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) {
+  const int64_t batch = out.shape[0], width = out.shape[1];
+  const float* hp = hidden.f32();
+  float* op = out.f32();
+  for (int64_t b = 0; b < batch; ++b) std::memcpy(op + b * width, hp + b * seq * width, width * sizeof(float));
+}
+
+void CpuBackend::scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) {
+  const int64_t batch = dout.shape[0], width = dout.shape[1];
+  const float* dp = dout.f32();
+  float* hp = dhidden.f32();
+  std::memset(hp, 0, dhidden.bytes());
+  for (int64_t b = 0; b < batch; ++b) std::memcpy(hp + b * seq * width, dp + b * width, width * sizeof(float));
+}
+
+}  // namespace hone

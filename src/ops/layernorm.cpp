@@ -1,0 +1,116 @@
+// LayerNorm over the last dimension, as torch.nn.LayerNorm (biased variance).
+#include <algorithm>
+#include <cmath>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+#include "ops/op_util.h"
+
+namespace hone {
+
+namespace ops {
+
+namespace {
+
+// Checks x, gamma and the per-row statistics; returns the normalized width.
+int64_t check_layernorm(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd) {
+  detail::expect_dtype(op, "x", x, DType::F32);
+  if (x.shape.rank < 1) fail("{}: x has shape {}, expected rank >= 1", op, x.shape.str());
+  const int64_t cols = x.shape[x.shape.rank - 1];
+  const int64_t rows = cols ? x.numel() / cols : 0;
+  detail::expect(op, "gamma", gamma, DType::F32, {cols});
+  detail::expect(op, "mean", mean, DType::F32, {rows});
+  detail::expect(op, "rstd", rstd, DType::F32, {rows});
+  return cols;
+}
+
+}  // namespace
+
+void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                       Tensor& mean, Tensor& rstd) {
+  const int64_t cols = check_layernorm("layernorm_forward", x, gamma, mean, rstd);
+  detail::expect("layernorm_forward", "beta", beta, DType::F32, {cols});
+  detail::expect("layernorm_forward", "y", y, DType::F32, x.shape);
+  if (be.dry_run) return;
+  be.layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
+}
+
+void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const int64_t cols = check_layernorm("layernorm_backward", x, gamma, mean, rstd);
+  detail::expect("layernorm_backward", "dy", dy, DType::F32, x.shape);
+  detail::expect("layernorm_backward", "dx", dx, DType::F32, x.shape);
+  detail::expect("layernorm_backward", "dgamma", dgamma, DType::F32, {cols});
+  detail::expect("layernorm_backward", "dbeta", dbeta, DType::F32, {cols});
+  if (be.dry_run) return;
+  be.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+}
+
+}  // namespace ops
+
+void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                   Tensor& mean, Tensor& rstd) {
+  const int64_t cols = x.shape[x.shape.rank - 1], rows = mean.numel();
+  const float *xp = x.f32(), *gp = gamma.f32(), *bp = beta.f32();
+  float *yp = y.f32(), *mp = mean.f32(), *rp = rstd.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * cols;
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) sum += xr[c];
+    const double mu = sum / double(cols);
+    double sq = 0;
+    for (int64_t c = 0; c < cols; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
+    const float m = float(mu), rs = float(1.0 / std::sqrt(sq / double(cols) + double(eps)));
+    float* yr = yp + r * cols;
+    for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * rs * gp[c] + bp[c];
+    mp[r] = m;
+    rp[r] = rs;
+  }
+}
+
+void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                    const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const int64_t cols = x.shape[x.shape.rank - 1], rows = mean.numel();
+  const float *dyp = dy.f32(), *xp = x.f32(), *gp = gamma.f32(), *mp = mean.f32(), *rp = rstd.f32();
+  float *dxp = dx.f32(), *dgp = dgamma.f32(), *dbp = dbeta.f32();
+
+  // Parameter gradients first (so that dx may alias dy), one block of columns per
+  // iteration: no two threads add into the same element.
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+    const int64_t c1 = std::min(cols, c0 + kBlock);
+    double dg[kBlock] = {}, db[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *dyr = dyp + r * cols, *xr = xp + r * cols;
+      for (int64_t c = c0; c < c1; ++c) {
+        dg[c - c0] += double(dyr[c]) * ((xr[c] - mp[r]) * rp[r]);
+        db[c - c0] += dyr[c];
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      dgp[c] += float(dg[c - c0]);
+      dbp[c] += float(db[c - c0]);
+    }
+  }
+
+  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *dyr = dyp + r * cols, *xr = xp + r * cols;
+    const float m = mp[r], rs = rp[r];
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double g = double(dyr[c]) * gp[c];
+      sum_g += g;
+      sum_gx += g * ((xr[c] - m) * rs);
+    }
+    const float mean_g = float(sum_g / double(cols)), mean_gx = float(sum_gx / double(cols));
+    float* dxr = dxp + r * cols;
+    for (int64_t c = 0; c < cols; ++c) dxr[c] = rs * (dyr[c] * gp[c] - mean_g - (xr[c] - m) * rs * mean_gx);
+  }
+}
+
+}  // namespace hone

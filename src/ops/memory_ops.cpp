@@ -1,0 +1,45 @@
+// fill, copy, read.
+#include <cstring>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+#include "ops/op_util.h"
+
+namespace hone {
+
+namespace ops {
+
+void fill(Backend& be, Tensor& x, float value) {
+  detail::expect_dtype("fill", "x", x, DType::F32);
+  if (be.dry_run) return;
+  be.fill(x, value);
+}
+
+void copy(Backend& be, const Tensor& src, Tensor& dst) {
+  if (src.bytes() != dst.bytes())
+    fail("copy: src has {} bytes ({} {}), dst has {} bytes ({} {})", src.bytes(), dtype_name(src.dtype),
+         src.shape.str(), dst.bytes(), dtype_name(dst.dtype), dst.shape.str());
+  if (be.dry_run) return;
+  be.copy(src, dst);
+}
+
+}  // namespace ops
+
+void CpuBackend::fill(Tensor& x, float value) {
+  float* p = x.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  HONE_CHECK(src.bytes() == dst.bytes(), "copy of {} bytes into {}", src.bytes(), dst.bytes());
+  if (src.data != dst.data && src.bytes() > 0) std::memcpy(dst.data, src.data, src.bytes());
+}
+
+void CpuBackend::read(const Tensor& src, float* host, size_t n) {
+  HONE_CHECK(n <= size_t(src.numel()), "read of {} values from a tensor of shape {}", n, src.shape.str());
+  if (n > 0) std::memcpy(host, src.f32(), n * sizeof(float));
+}
+
+}  // namespace hone

@@ -1,0 +1,42 @@
+#pragma once
+// Shared by the op families: the checks behind the ops.h wrappers, which name the op and
+// the tensor in their messages, and the walk over a dropout mask.
+#include "hone/backend.h"
+#include "hone/philox.h"
+
+namespace hone::ops::detail {
+
+inline void expect_dtype(const char* op, const char* name, const Tensor& t, DType want) {
+  if (t.dtype != want) fail("{}: {} has dtype {}, expected {}", op, name, dtype_name(t.dtype), dtype_name(want));
+}
+
+inline void expect_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
+  if (!(t.shape == want)) fail("{}: {} has shape {}, expected {}", op, name, t.shape.str(), want.str());
+}
+
+inline void expect(const char* op, const char* name, const Tensor& t, DType dtype, const Shape& shape) {
+  expect_dtype(op, name, t, dtype);
+  expect_shape(op, name, t, shape);
+}
+
+inline void expect_rank(const char* op, const char* name, const Tensor& t, int rank) {
+  if (t.shape.rank != rank) fail("{}: {} has shape {}, expected rank {}", op, name, t.shape.str(), rank);
+}
+
+inline void expect_dropout(const char* op, const DropoutSpec& d) {
+  if (!(d.p >= 0.0f && d.p <= 1.0f)) fail("{}: dropout probability {} is outside [0, 1]", op, d.p);
+}
+
+// Calls f(k, keep) for elements begin + k, k in [0, n), of the dropout mask of `d`, with
+// the same bits as dropout_keep but one Philox block per four elements.
+template <typename F>
+inline void for_each_keep(const DropoutSpec& d, uint64_t begin, int64_t n, F&& f) {
+  const uint64_t end = begin + uint64_t(n);
+  uint64_t i = begin;
+  while (i < end) {
+    const Philox4 r = philox_block(d.seed, d.stream, i >> 2);
+    for (uint64_t w = i & 3; w < 4 && i < end; ++w, ++i) f(int64_t(i - begin), uniform_from_word(r.v[w]) >= d.p);
+  }
+}
+
+}  // namespace hone::ops::detail

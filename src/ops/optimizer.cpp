@@ -1,0 +1,85 @@
+// Gradient clipping (torch.nn.utils.clip_grad_norm_) and torch.optim.AdamW.
+#include <cmath>
+
+#include "hone/cpu_backend.h"
+#include "hone/ops.h"
+#include "ops/op_util.h"
+
+namespace hone {
+
+namespace ops {
+
+void sum_squares(Backend& be, const Tensor& x, Tensor& out) {
+  detail::expect_dtype("sum_squares", "x", x, DType::F32);
+  detail::expect("sum_squares", "out", out, DType::F32, {1});
+  if (be.dry_run) return;
+  be.sum_squares(x, out);
+}
+
+void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
+  detail::expect("clip_coefficient", "sumsq", sumsq, DType::F32, {1});
+  detail::expect("clip_coefficient", "norm_coef", norm_coef, DType::F32, {2});
+  if (be.dry_run) return;
+  be.clip_coefficient(sumsq, max_norm, norm_coef);
+}
+
+void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+           const Tensor& norm_coef) {
+  detail::expect_dtype("adamw", "param", param, DType::F32);
+  detail::expect("adamw", "grad", grad, DType::F32, param.shape);
+  detail::expect("adamw", "m", m, DType::F32, param.shape);
+  detail::expect("adamw", "v", v, DType::F32, param.shape);
+  detail::expect("adamw", "norm_coef", norm_coef, DType::F32, {2});
+  if (s.step < 1) fail("adamw: step is {}, expected >= 1", s.step);
+  if (be.dry_run) return;
+  be.adamw(param, grad, m, v, s, norm_coef);
+}
+
+}  // namespace ops
+
+void CpuBackend::sum_squares(const Tensor& x, Tensor& out) {
+  const float* xp = x.f32();
+  const int64_t n = x.numel();
+  double acc = 0;
+#pragma omp parallel for schedule(static) reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += double(xp[i]) * xp[i];
+  float* o = out.f32();
+  o[0] = float(double(o[0]) + acc);
+}
+
+void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
+  const double norm = std::sqrt(double(sumsq.f32()[0]));
+  double coef = 1.0;
+  if (max_norm > 0) {
+    coef = double(max_norm) / (norm + 1e-6);
+    if (coef > 1.0) coef = 1.0;  // written so that a NaN norm stays NaN, as torch's clamp
+  }
+  float* out = norm_coef.f32();
+  out[0] = float(norm);
+  out[1] = float(coef);
+}
+
+void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+                       const Tensor& norm_coef) {
+  // The step's scalars in double, as torch computes them from Python floats.
+  const double lr = s.lr;
+  const float decay = float(1.0 - lr * s.weight_decay);
+  const float step_size = float(lr / (1.0 - std::pow(double(s.beta1), double(s.step))));
+  const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
+  const float w1 = float(1.0 - double(s.beta1)), w2 = float(1.0 - double(s.beta2));
+  const float clip = norm_coef.f32()[1];
+  float *pp = param.f32(), *mp = m.f32(), *vp = v.f32();
+  const float* gp = grad.f32();
+  const int64_t n = param.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gp[i] * clip;
+    pp[i] *= decay;
+    mp[i] += w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
+    vp[i] = vp[i] * s.beta2 + w2 * g * g;
+    const float denom = std::sqrt(vp[i]) / bias2_sqrt + s.eps;
+    pp[i] -= step_size * (mp[i] / denom);
+  }
+}
+
+}  // namespace hone

@@ -1,0 +1,650 @@
+// The CPU backend against naive double-precision references (forward), central finite
+// differences (backward), and the contract of the ops.h wrappers.
+#include "hone/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hone/cpu_backend.h"
+#include "hone/philox.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+using test::HostTensor;
+
+HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  HostTensor h(DType::F32, s);
+  test::fill_uniform(h, seed, lo, hi);
+  return h;
+}
+
+HostTensor filled(Shape s, float value) {
+  HostTensor h(DType::F32, s);
+  for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = value;
+  return h;
+}
+
+HostTensor ints(Shape s, const std::vector<int32_t>& values) {
+  HostTensor h(DType::I32, s);
+  EXPECT_EQ(size_t(h.n()), values.size());
+  for (size_t i = 0; i < values.size(); ++i) h.i()[i] = values[i];
+  return h;
+}
+
+// sum(out * r) in double: the scalar loss whose gradient with respect to out is r.
+double weighted_sum(HostTensor& out, HostTensor& r) {
+  double s = 0;
+  for (int64_t i = 0; i < out.n(); ++i) s += double(out.f()[i]) * r.f()[i];
+  return s;
+}
+
+// Central differences of f with respect to every element of x.
+std::vector<double> numeric_grad(HostTensor& x, const std::function<double()>& f, float h = 1e-2f) {
+  std::vector<double> g(size_t(x.n()));
+  for (int64_t i = 0; i < x.n(); ++i) {
+    const float orig = x.f()[i];
+    x.f()[i] = orig + h;
+    const double up = f(), step_up = x.f()[i];
+    x.f()[i] = orig - h;
+    const double down = f(), step_down = x.f()[i];
+    x.f()[i] = orig;
+    g[size_t(i)] = (up - down) / (step_up - step_down);
+  }
+  return g;
+}
+
+// Every |got - want| within tol times the largest |want|, which must not be negligible
+// (a test of all-zero gradients would pass for any bug).
+void expect_grad(const std::string& what, const float* got, const std::vector<double>& want, double tol = 1e-2,
+                 const float* before = nullptr) {
+  double scale = 0, worst = 0;
+  size_t worst_i = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  ASSERT_GT(scale, 1e-3) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = double(got[i]) - (before ? before[i] : 0.0f);
+    if (std::fabs(g - want[i]) > worst) worst = std::fabs(g - want[i]), worst_i = i;
+  }
+  EXPECT_LE(worst, tol * scale) << what << ": element " << worst_i << " is " << got[worst_i] << ", expected "
+                                << want[worst_i];
+}
+
+// |got - want| <= rtol * max(|want|, 0.1 * max |want|) elementwise.
+void expect_close(const std::string& what, const float* got, const std::vector<double>& want, double rtol = 2e-5) {
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double tol = rtol * std::max(std::fabs(want[i]), 0.1 * scale);
+    ASSERT_NEAR(got[i], want[i], tol) << what << " element " << i;
+  }
+}
+
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// ---------------------------------------------------------------------------- memory
+
+TEST(OpsMemory, FillCopyRead) {
+  CpuBackend be;
+  HostTensor a = random({3, 5}, 1), b = filled({15}, 0.0f);
+  ops::copy(be, a.t, b.t);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(b.f()[i], a.f()[i]);
+  ops::fill(be, b.t, 2.5f);
+  float host[4] = {};
+  be.read(b.t, host, 4);
+  for (float v : host) EXPECT_EQ(v, 2.5f);
+  HostTensor c = filled({14}, 0.0f);
+  EXPECT_THROW(ops::copy(be, a.t, c.t), Error);
+}
+
+// ---------------------------------------------------------------------------- linear
+
+TEST(OpsLinear, ForwardMatchesDoubleReference) {
+  CpuBackend be;
+  const int M = 7, K = 13, N = 5;
+  HostTensor x = random({M, K}, 1), w = random({N, K}, 2), b = random({N}, 3), y = filled({M, N}, 9.0f);
+  for (bool bias : {true, false}) {
+    ops::linear_forward(be, x.t, w.t, bias ? &b.t : nullptr, y.t);
+    std::vector<double> want(M * N);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        double s = bias ? b.f()[j] : 0.0;
+        for (int k = 0; k < K; ++k) s += double(x.f()[i * K + k]) * w.f()[j * K + k];
+        want[i * N + j] = s;
+      }
+    expect_close(bias ? "y with bias" : "y without bias", y.f(), want);
+  }
+}
+
+TEST(OpsLinear, BackwardMatchesFiniteDifferences) {
+  CpuBackend be;
+  const int M = 7, K = 13, N = 5;
+  HostTensor x = random({M, K}, 1), w = random({N, K}, 2), b = random({N}, 3), r = random({M, N}, 4);
+  HostTensor y(DType::F32, {M, N});
+  auto loss = [&] {
+    ops::linear_forward(be, x.t, w.t, &b.t, y.t);
+    return weighted_sum(y, r);
+  };
+  HostTensor dx = filled({M, K}, 7.0f), dw = filled({N, K}, 0.0f), db = filled({N}, 0.0f);
+  ops::linear_backward(be, r.t, x.t, w.t, &dx.t, false, dw.t, &db.t);
+  expect_grad("dx", dx.f(), numeric_grad(x, loss));
+  expect_grad("dw", dw.f(), numeric_grad(w, loss));
+  expect_grad("db", db.f(), numeric_grad(b, loss));
+}
+
+TEST(OpsLinear, BackwardAccumulatesParameterGradsAndOptionallyDx) {
+  CpuBackend be;
+  const int M = 4, K = 3, N = 2;
+  HostTensor x = random({M, K}, 1), w = random({N, K}, 2), dy = random({M, N}, 3);
+  HostTensor dx1 = filled({M, K}, 0.0f), dw1 = filled({N, K}, 0.0f), db1 = filled({N}, 0.0f);
+  ops::linear_backward(be, dy.t, x.t, w.t, &dx1.t, false, dw1.t, &db1.t);
+  HostTensor dx = filled({M, K}, 1.0f), dw = filled({N, K}, 2.0f), db = filled({N}, 3.0f);
+  ops::linear_backward(be, dy.t, x.t, w.t, &dx.t, true, dw.t, &db.t);
+  ops::linear_backward(be, dy.t, x.t, w.t, nullptr, false, dw.t, nullptr);
+  for (int i = 0; i < M * K; ++i) EXPECT_FLOAT_EQ(dx.f()[i], 1.0f + dx1.f()[i]);
+  for (int i = 0; i < N * K; ++i) EXPECT_FLOAT_EQ(dw.f()[i], 2.0f + 2.0f * dw1.f()[i]);
+  for (int i = 0; i < N; ++i) EXPECT_FLOAT_EQ(db.f()[i], 3.0f + db1.f()[i]);
+  ops::linear_backward(be, dy.t, x.t, w.t, &dx.t, false, dw.t, nullptr);  // overwrites dx
+  for (int i = 0; i < M * K; ++i) EXPECT_FLOAT_EQ(dx.f()[i], dx1.f()[i]);
+}
+
+TEST(OpsLinear, WrapperNamesOpTensorAndShapes) {
+  CpuBackend be;
+  HostTensor x = random({4, 3}, 1), w = random({8, 3}, 2), y = filled({4, 7}, 0.0f), b = filled({7}, 0.0f);
+  EXPECT_EQ(error_of([&] { ops::linear_forward(be, x.t, w.t, nullptr, y.t); }),
+            "linear_forward: y has shape [4, 7], expected [4, 8]");
+  EXPECT_EQ(error_of([&] { ops::linear_forward(be, x.t, w.t, &b.t, y.t); }),
+            "linear_forward: b has shape [7], expected [8]");
+  HostTensor w_bad = random({8, 4}, 2), y8 = filled({4, 8}, 0.0f);
+  EXPECT_THROW(ops::linear_forward(be, x.t, w_bad.t, nullptr, y8.t), Error);
+  HostTensor xi(DType::I32, {4, 3});
+  EXPECT_EQ(error_of([&] { ops::linear_forward(be, xi.t, w.t, nullptr, y8.t); }),
+            "linear_forward: x has dtype I32, expected F32");
+  HostTensor dw = filled({8, 4}, 0.0f);
+  EXPECT_THROW(ops::linear_backward(be, y8.t, x.t, w.t, nullptr, false, dw.t, nullptr), Error);
+}
+
+// ---------------------------------------------------------------------------- attention
+
+struct AttentionCase {
+  AttentionDims d{2, 5, 3, 4, 0.5f};
+  HostTensor qkv = random({10, 36}, 11, -2.0f, 2.0f);
+  // Batch 1 pads its last two keys; batch 0 attends everywhere.
+  HostTensor mask = ints({2, 5}, {1, 1, 1, 1, 1, 1, 1, 1, 0, 0});
+  HostTensor probs{DType::F32, {2, 3, 5, 5}};
+  HostTensor ctx{DType::F32, {10, 12}};
+  HostTensor work;
+  explicit AttentionCase(const Backend& be) : work(DType::F32, {be.attention_workspace_elems(d)}) {}
+};
+
+// probs [B, heads, S, S] and ctx [B*S, H] computed in double from the definition.
+void attention_reference(const AttentionCase& c, const DropoutSpec& drop, std::vector<double>& probs,
+                         std::vector<double>& ctx) {
+  const AttentionDims& d = c.d;
+  const int S = d.seq, H = d.hidden(), hd = d.head_dim;
+  const float* qkv = c.qkv.t.f32();
+  const int32_t* mask = c.mask.t.ptr<int32_t>();
+  probs.assign(size_t(d.batch) * d.heads * S * S, 0.0);
+  ctx.assign(size_t(d.batch) * S * H, 0.0);
+  auto at = [&](int b, int s, int col) { return double(qkv[(b * S + s) * 3 * H + col]); };
+  for (int b = 0; b < d.batch; ++b)
+    for (int h = 0; h < d.heads; ++h)
+      for (int i = 0; i < S; ++i) {
+        std::vector<double> row(S);
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < S; ++j) {
+          double s = 0;
+          for (int e = 0; e < hd; ++e) s += at(b, i, h * hd + e) * at(b, j, H + h * hd + e);
+          row[j] = d.scale * s + (mask[b * S + j] ? 0.0 : -double(FLT_MAX));
+          mx = std::max(mx, row[j]);
+        }
+        for (int j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        for (int j = 0; j < S; ++j) {
+          const size_t idx = ((size_t(b) * d.heads + h) * S + i) * S + j;
+          probs[idx] = row[j] / sum;
+          const bool keep = drop.p == 0 || dropout_keep(drop.seed, drop.stream, idx, drop.p);
+          const double pd = keep ? probs[idx] / (1.0 - drop.p) : 0.0;
+          for (int e = 0; e < hd; ++e) ctx[(b * S + i) * H + h * hd + e] += pd * at(b, j, 2 * H + h * hd + e);
+        }
+      }
+}
+
+TEST(OpsAttention, ForwardMatchesDoubleReference) {
+  CpuBackend be;
+  for (float p : {0.0f, 0.3f}) {
+    AttentionCase c(be);
+    const DropoutSpec drop{p, 1234, 5};
+    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.probs.t, c.ctx.t, c.work.t);
+    std::vector<double> probs, ctx;
+    attention_reference(c, drop, probs, ctx);
+    expect_close("probs, p = " + std::to_string(p), c.probs.f(), probs);
+    expect_close("ctx, p = " + std::to_string(p), c.ctx.f(), ctx);
+    // Padded keys get no weight.
+    for (int h = 0; h < 3; ++h)
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(c.probs.f()[((1 * 3 + h) * 5 + i) * 5 + 4], 0.0f);
+  }
+}
+
+TEST(OpsAttention, FullyMaskedSequenceGivesUniformProbs) {
+  CpuBackend be;
+  AttentionCase c(be);
+  for (int j = 0; j < 5; ++j) c.mask.i()[5 + j] = 0;
+  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.probs.t, c.ctx.t, c.work.t);
+  for (int i = 3 * 25; i < 6 * 25; ++i) EXPECT_FLOAT_EQ(c.probs.f()[i], 0.2f);
+}
+
+TEST(OpsAttention, BackwardMatchesFiniteDifferences) {
+  CpuBackend be;
+  for (float p : {0.0f, 0.3f}) {
+    AttentionCase c(be);
+    const DropoutSpec drop{p, 77, 2};
+    HostTensor r = random({10, 12}, 12);
+    auto loss = [&] {
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.probs.t, c.ctx.t, c.work.t);
+      return weighted_sum(c.ctx, r);
+    };
+    loss();
+    HostTensor dqkv = filled({10, 36}, 5.0f);
+    ops::attention_backward(be, r.t, c.qkv.t, c.probs.t, c.d, drop, dqkv.t, c.work.t);
+    expect_grad("dqkv, p = " + std::to_string(p), dqkv.f(), numeric_grad(c.qkv, loss, 1e-2f));
+  }
+}
+
+TEST(OpsAttention, WrapperChecksShapesAndWorkspace) {
+  CpuBackend be;
+  AttentionCase c(be);
+  HostTensor small(DType::F32, {be.attention_workspace_elems(c.d) - 1});
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.probs.t, c.ctx.t, small.t), Error);
+  HostTensor fmask = filled({2, 5}, 1.0f);
+  EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, fmask.t, c.d, {}, c.probs.t, c.ctx.t, c.work.t); }),
+            "attention_forward: mask has dtype F32, expected I32");
+  AttentionDims wrong = c.d;
+  wrong.heads = 4;
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, wrong, {}, c.probs.t, c.ctx.t, c.work.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.probs.t, c.ctx.t, c.work.t), Error);
+}
+
+// ---------------------------------------------------------------------------- layernorm
+
+TEST(OpsLayerNorm, ForwardMatchesDoubleReference) {
+  CpuBackend be;
+  const int R = 6, C = 11;
+  const float eps = 1e-5f;
+  HostTensor x = random({R, C}, 1, 0.0f, 3.0f), g = random({C}, 2, 0.5f, 1.5f), b = random({C}, 3);
+  HostTensor y(DType::F32, {R, C}), mean(DType::F32, {R}), rstd(DType::F32, {R});
+  ops::layernorm_forward(be, x.t, g.t, b.t, eps, y.t, mean.t, rstd.t);
+  std::vector<double> wy(R * C), wm(R), wr(R);
+  for (int r = 0; r < R; ++r) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; ++c) m += x.f()[r * C + c] / double(C);
+    for (int c = 0; c < C; ++c) v += (x.f()[r * C + c] - m) * (x.f()[r * C + c] - m) / C;
+    wm[r] = m;
+    wr[r] = 1.0 / std::sqrt(v + eps);
+    for (int c = 0; c < C; ++c) wy[r * C + c] = (x.f()[r * C + c] - m) * wr[r] * g.f()[c] + b.f()[c];
+  }
+  expect_close("y", y.f(), wy);
+  expect_close("mean", mean.f(), wm);
+  expect_close("rstd", rstd.f(), wr);
+}
+
+TEST(OpsLayerNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  CpuBackend be;
+  const int R = 6, C = 11;
+  HostTensor x = random({R, C}, 1, 0.0f, 3.0f), g = random({C}, 2, 0.5f, 1.5f), b = random({C}, 3);
+  HostTensor r = random({R, C}, 4);
+  HostTensor y(DType::F32, {R, C}), mean(DType::F32, {R}), rstd(DType::F32, {R});
+  auto loss = [&] {
+    ops::layernorm_forward(be, x.t, g.t, b.t, 1e-5f, y.t, mean.t, rstd.t);
+    return weighted_sum(y, r);
+  };
+  loss();
+  HostTensor dx(DType::F32, {R, C}), dg = random({C}, 5), db = random({C}, 6);
+  HostTensor dg0 = random({C}, 5), db0 = random({C}, 6);
+  ops::layernorm_backward(be, r.t, x.t, g.t, mean.t, rstd.t, dx.t, dg.t, db.t);
+  expect_grad("dx", dx.f(), numeric_grad(x, loss));
+  expect_grad("dgamma", dg.f(), numeric_grad(g, loss), 1e-2, dg0.f());
+  expect_grad("dbeta", db.f(), numeric_grad(b, loss), 1e-2, db0.f());
+}
+
+// ---------------------------------------------------------------------------- elementwise
+
+double act_ref(Activation a, double x) {
+  switch (a) {
+    case Activation::Gelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Activation::GeluTanh: return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::Relu: return x > 0 ? x : 0;
+  }
+  return 0;
+}
+
+// Values in [-3, 3] away from 0, where relu has its kink.
+HostTensor activation_input() {
+  HostTensor x = random({37}, 8, -3.0f, 3.0f);
+  for (int64_t i = 0; i < x.n(); ++i)
+    if (std::fabs(x.f()[i]) < 0.05f) x.f()[i] = 0.5f;
+  return x;
+}
+
+TEST(OpsElementwise, ActivationsMatchDoubleReference) {
+  CpuBackend be;
+  for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+    HostTensor x = activation_input(), y(DType::F32, {37});
+    ops::activation_forward(be, a, x.t, y.t);
+    std::vector<double> want(37);
+    for (int i = 0; i < 37; ++i) want[i] = act_ref(a, x.f()[i]);
+    expect_close("activation " + std::to_string(int(a)), y.f(), want);
+  }
+  HostTensor x = activation_input(), y(DType::F32, {37});
+  ops::tanh_forward(be, x.t, y.t);
+  std::vector<double> want(37);
+  for (int i = 0; i < 37; ++i) want[i] = std::tanh(double(x.f()[i]));
+  expect_close("tanh", y.f(), want);
+}
+
+TEST(OpsElementwise, ActivationBackwardMatchesFiniteDifferencesInPlace) {
+  CpuBackend be;
+  for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+    HostTensor x = activation_input(), y(DType::F32, {37}), r = random({37}, 9);
+    auto loss = [&] {
+      ops::activation_forward(be, a, x.t, y.t);
+      return weighted_sum(y, r);
+    };
+    HostTensor d = random({37}, 9);  // dy, overwritten by dx
+    ops::activation_backward(be, a, d.t, x.t, d.t);
+    expect_grad("activation " + std::to_string(int(a)), d.f(), numeric_grad(x, loss, 1e-3f));
+  }
+}
+
+TEST(OpsElementwise, TanhBackwardFromOutputInPlace) {
+  CpuBackend be;
+  HostTensor x = random({37}, 8, -2.0f, 2.0f), y(DType::F32, {37}), r = random({37}, 9);
+  auto loss = [&] {
+    ops::tanh_forward(be, x.t, y.t);
+    return weighted_sum(y, r);
+  };
+  loss();
+  HostTensor d = random({37}, 9);
+  ops::tanh_backward(be, d.t, y.t, d.t);
+  expect_grad("tanh", d.f(), numeric_grad(x, loss, 1e-3f));
+}
+
+TEST(OpsElementwise, DropoutFollowsPhiloxMaskAndMayAlias) {
+  CpuBackend be;
+  const int n = 10001;  // not a multiple of the four words of a Philox block
+  const DropoutSpec d{0.25f, 31, 4};
+  HostTensor x = random({n}, 1), res = random({n}, 2), y(DType::F32, {n}), out(DType::F32, {n});
+  ops::dropout(be, x.t, d, y.t);
+  ops::dropout_add(be, x.t, res.t, d, out.t);
+  int kept = 0;
+  for (int i = 0; i < n; ++i) {
+    const bool keep = dropout_keep(d.seed, d.stream, uint64_t(i), d.p);
+    kept += keep;
+    ASSERT_EQ(y.f()[i], keep ? x.f()[i] * (1.0f / 0.75f) : 0.0f) << i;
+    ASSERT_EQ(out.f()[i], res.f()[i] + y.f()[i]) << i;
+  }
+  EXPECT_NEAR(kept / double(n), 0.75, 0.02);
+
+  HostTensor xa = random({n}, 1), ra = random({n}, 2), xb = random({n}, 1), rb = random({n}, 2);
+  ops::dropout_add(be, xa.t, ra.t, d, ra.t);  // out aliases residual
+  ops::dropout_add(be, xb.t, rb.t, d, xb.t);  // out aliases x
+  ops::dropout(be, xa.t, d, xa.t);            // y aliases x
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(ra.f()[i], out.f()[i]) << i;
+    ASSERT_EQ(xb.f()[i], out.f()[i]) << i;
+    ASSERT_EQ(xa.f()[i], y.f()[i]) << i;
+  }
+}
+
+TEST(OpsElementwise, DropoutOfZeroIsIdentity) {
+  CpuBackend be;
+  HostTensor x = random({9}, 1), res = random({9}, 2), y = filled({9}, 0.0f), out(DType::F32, {9});
+  ops::dropout(be, x.t, {}, y.t);
+  ops::dropout_add(be, x.t, res.t, {}, out.t);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(y.f()[i], x.f()[i]);
+    EXPECT_EQ(out.f()[i], x.f()[i] + res.f()[i]);
+  }
+  HostTensor other = random({3, 3}, 3);
+  EXPECT_EQ(error_of([&] { ops::dropout(be, x.t, {}, other.t); }),
+            "dropout: y has shape [3, 3], expected [9] (the shape of x)");
+}
+
+// ---------------------------------------------------------------------------- embedding
+
+struct EmbeddingCase {
+  static constexpr int kSeq = 3;
+  HostTensor ids = ints({6}, {4, 0, 4, 6, 2, 4});
+  HostTensor types = ints({6}, {0, 1, 1, 0, 0, 1});
+  HostTensor word = random({7, 4}, 1), pos = random({5, 4}, 2), type = random({2, 4}, 3);
+  HostTensor out{DType::F32, {6, 4}};
+};
+
+TEST(OpsEmbedding, ForwardSumsThreeTables) {
+  CpuBackend be;
+  EmbeddingCase c;
+  ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+  std::vector<double> want(24);
+  for (int t = 0; t < 6; ++t)
+    for (int h = 0; h < 4; ++h)
+      want[t * 4 + h] = double(c.word.f()[c.ids.i()[t] * 4 + h]) + c.pos.f()[(t % 3) * 4 + h] +
+                        c.type.f()[c.types.i()[t] * 4 + h];
+  expect_close("out", c.out.f(), want);
+}
+
+TEST(OpsEmbedding, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  CpuBackend be;
+  EmbeddingCase c;
+  HostTensor r = random({6, 4}, 4);
+  auto loss = [&] {
+    ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+    return weighted_sum(c.out, r);
+  };
+  HostTensor dw = random({7, 4}, 5), dp = random({5, 4}, 6), dt = random({2, 4}, 7);
+  HostTensor dw0 = random({7, 4}, 5), dp0 = random({5, 4}, 6), dt0 = random({2, 4}, 7);
+  ops::embedding_backward(be, r.t, c.ids.t, c.types.t, c.kSeq, dw.t, dp.t, dt.t);
+  expect_grad("dword", dw.f(), numeric_grad(c.word, loss), 1e-4, dw0.f());
+  expect_grad("dpos", dp.f(), numeric_grad(c.pos, loss), 1e-4, dp0.f());
+  expect_grad("dtype", dt.f(), numeric_grad(c.type, loss), 1e-4, dt0.f());
+}
+
+TEST(OpsEmbedding, OutOfRangeIdsThrow) {
+  CpuBackend be;
+  EmbeddingCase c;
+  c.ids.i()[4] = 7;
+  EXPECT_EQ(error_of([&] {
+              ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+            }),
+            "token id 7 at position 4 is out of range for a vocabulary of 7");
+  c.ids.i()[4] = -1;
+  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t), Error);
+  c.ids.i()[4] = 2;
+  c.types.i()[1] = 2;
+  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t), Error);
+  HostTensor dw(DType::F32, {7, 4}), dp(DType::F32, {5, 4}), dt(DType::F32, {2, 4});
+  EXPECT_THROW(ops::embedding_backward(be, c.out.t, c.ids.t, c.types.t, c.kSeq, dw.t, dp.t, dt.t), Error);
+  // Positions beyond the table: seq 6 needs 6 rows of pos.
+  c.types.i()[1] = 1;
+  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, 6, c.out.t), Error);
+}
+
+TEST(OpsEmbedding, GatherAndScatterFirstTokens) {
+  CpuBackend be;
+  HostTensor hidden = random({6, 4}, 1), first(DType::F32, {2, 4});
+  ops::gather_first_tokens(be, hidden.t, 3, first.t);
+  for (int h = 0; h < 4; ++h) {
+    EXPECT_EQ(first.f()[h], hidden.f()[h]);
+    EXPECT_EQ(first.f()[4 + h], hidden.f()[12 + h]);
+  }
+  HostTensor dhidden = filled({6, 4}, 9.0f);
+  ops::scatter_first_tokens(be, first.t, 3, dhidden.t);
+  for (int t = 0; t < 6; ++t)
+    for (int h = 0; h < 4; ++h) EXPECT_EQ(dhidden.f()[t * 4 + h], t % 3 == 0 ? hidden.f()[t * 4 + h] : 0.0f);
+  HostTensor wrong(DType::F32, {3, 4});
+  EXPECT_THROW(ops::gather_first_tokens(be, hidden.t, 3, wrong.t), Error);
+}
+
+// ---------------------------------------------------------------------------- loss
+
+TEST(OpsLoss, CrossEntropyMatchesReferenceAndFiniteDifferences) {
+  CpuBackend be;
+  const float scale = 0.5f;
+  HostTensor logits = random({4, 5}, 1, -2.0f, 2.0f), labels = ints({4}, {1, -100, 4, 0});
+  HostTensor loss(DType::F32, {1}), dlogits = filled({4, 5}, 3.0f);
+  ops::cross_entropy(be, logits.t, labels.t, scale, loss.t, dlogits.t);
+  double want = 0;
+  for (int r : {0, 2, 3}) {
+    double z = 0;
+    for (int c = 0; c < 5; ++c) z += std::exp(double(logits.f()[r * 5 + c]));
+    want += (std::log(z) - logits.f()[r * 5 + labels.i()[r]]) / 3;
+  }
+  EXPECT_NEAR(loss.f()[0], want, 1e-6 * want);
+  HostTensor scratch_loss(DType::F32, {1}), scratch_grad(DType::F32, {4, 5});
+  auto f = [&] {
+    ops::cross_entropy(be, logits.t, labels.t, scale, scratch_loss.t, scratch_grad.t);
+    return double(scratch_loss.f()[0]) * scale;
+  };
+  expect_grad("dlogits", dlogits.f(), numeric_grad(logits, f, 1e-2f));
+  for (int c = 0; c < 5; ++c) EXPECT_EQ(dlogits.f()[5 + c], 0.0f);
+}
+
+TEST(OpsLoss, CrossEntropyEdgeCases) {
+  CpuBackend be;
+  HostTensor logits = random({2, 3}, 1), loss = filled({1}, 7.0f), dlogits = filled({2, 3}, 7.0f);
+  HostTensor ignored = ints({2}, {-100, -100});
+  ops::cross_entropy(be, logits.t, ignored.t, 1.0f, loss.t, dlogits.t);
+  EXPECT_EQ(loss.f()[0], 0.0f);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(dlogits.f()[i], 0.0f);
+  HostTensor bad = ints({2}, {0, 3});
+  EXPECT_EQ(error_of([&] { ops::cross_entropy(be, logits.t, bad.t, 1.0f, loss.t, dlogits.t); }),
+            "cross_entropy: label 3 of row 1 is out of range for 3 classes");
+}
+
+TEST(OpsLoss, MseMatchesReferenceAndFiniteDifferences) {
+  CpuBackend be;
+  for (Shape s : {Shape{5, 1}, Shape{5}}) {
+    HostTensor pred = random(s, 1), target = random({5}, 2), loss(DType::F32, {1}), dpred(DType::F32, s);
+    ops::mse(be, pred.t, target.t, 2.0f, loss.t, dpred.t);
+    double want = 0;
+    for (int i = 0; i < 5; ++i) want += std::pow(double(pred.f()[i]) - target.f()[i], 2) / 5;
+    EXPECT_NEAR(loss.f()[0], want, 1e-6 * want);
+    HostTensor scratch_loss(DType::F32, {1}), scratch_grad(DType::F32, s);
+    auto f = [&] {
+      ops::mse(be, pred.t, target.t, 2.0f, scratch_loss.t, scratch_grad.t);
+      return 2.0 * scratch_loss.f()[0];
+    };
+    expect_grad("dpred", dpred.f(), numeric_grad(pred, f));
+  }
+  HostTensor pred = random({5, 2}, 1), target = random({5}, 2), loss(DType::F32, {1}), dpred(DType::F32, {5, 2});
+  EXPECT_THROW(ops::mse(be, pred.t, target.t, 1.0f, loss.t, dpred.t), Error);
+}
+
+// ---------------------------------------------------------------------------- optimizer
+
+TEST(OpsOptimizer, SumSquaresAccumulatesAndClipCoefficient) {
+  CpuBackend be;
+  HostTensor a = filled({3}, 2.0f), sumsq = filled({1}, 0.0f), coef(DType::F32, {2});
+  a.f()[0] = 1;                              // 9
+  HostTensor b = filled({1000}, 0.5f);       // 250
+  ops::sum_squares(be, a.t, sumsq.t);
+  ops::sum_squares(be, b.t, sumsq.t);
+  EXPECT_FLOAT_EQ(sumsq.f()[0], 259.0f);
+
+  HostTensor nine = filled({1}, 9.0f);
+  ops::clip_coefficient(be, nine.t, 1.0f, coef.t);
+  EXPECT_FLOAT_EQ(coef.f()[0], 3.0f);
+  EXPECT_FLOAT_EQ(coef.f()[1], float(1.0 / (3.0 + 1e-6)));
+  ops::clip_coefficient(be, nine.t, 10.0f, coef.t);
+  EXPECT_EQ(coef.f()[1], 1.0f);
+  ops::clip_coefficient(be, nine.t, 0.0f, coef.t);
+  EXPECT_EQ(coef.f()[1], 1.0f);
+  EXPECT_FLOAT_EQ(coef.f()[0], 3.0f);
+  HostTensor tiny = filled({1}, 1e-12f);  // norm 1e-6: the 1e-6 guard halves the coefficient
+  ops::clip_coefficient(be, tiny.t, 1e-6f, coef.t);
+  EXPECT_NEAR(coef.f()[1], 0.5f, 1e-5);
+}
+
+TEST(OpsOptimizer, AdamWTwoStepsMatchHandComputedReference) {
+  CpuBackend be;
+  const int n = 7;
+  HostTensor p = random({n}, 1), m = filled({n}, 0.0f), v = filled({n}, 0.0f), coef = filled({2}, 0.0f);
+  std::vector<double> rp(p.f(), p.f() + n), rm(n, 0.0), rv(n, 0.0);
+  // The float hyperparameters AdamWStep carries, widened.
+  const double lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
+  for (int step = 1; step <= 2; ++step) {
+    HostTensor g = random({n}, 10 + step);
+    coef.f()[1] = step == 1 ? 0.5f : 1.0f;  // the first step is clipped
+    AdamWStep s{float(lr), float(b1), float(b2), float(eps), float(wd), step};
+    ops::adamw(be, p.t, g.t, m.t, v.t, s, coef.t);
+    // The textbook form: bias-corrected moments, decoupled decay.
+    for (int i = 0; i < n; ++i) {
+      const double gi = double(g.f()[i]) * coef.f()[1];
+      rp[i] -= lr * wd * rp[i];
+      rm[i] = b1 * rm[i] + (1 - b1) * gi;
+      rv[i] = b2 * rv[i] + (1 - b2) * gi * gi;
+      const double mhat = rm[i] / (1 - std::pow(b1, step)), vhat = rv[i] / (1 - std::pow(b2, step));
+      rp[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+    expect_close("param step " + std::to_string(step), p.f(), rp, 1e-5);
+    expect_close("m step " + std::to_string(step), m.f(), rm, 1e-5);
+    expect_close("v step " + std::to_string(step), v.f(), rv, 1e-5);
+  }
+}
+
+TEST(OpsOptimizer, AdamWFirstStepMovesByLearningRate) {
+  // With zero moments, step 1 moves each weight by lr * sign(g) after decay.
+  CpuBackend be;
+  HostTensor p = filled({2}, 1.0f), g = filled({2}, 0.0f), m = filled({2}, 0.0f), v = filled({2}, 0.0f);
+  g.f()[0] = 3.0f, g.f()[1] = -0.01f;
+  HostTensor coef = filled({2}, 1.0f);
+  ops::adamw(be, p.t, g.t, m.t, v.t, {0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, 1}, coef.t);
+  EXPECT_NEAR(p.f()[0], 0.95f - 0.1f, 1e-6);
+  EXPECT_NEAR(p.f()[1], 0.95f + 0.1f, 1e-5);
+}
+
+// ---------------------------------------------------------------------------- dry run
+
+TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
+  CpuBackend be;
+  be.dry_run = true;
+  HostTensor x = random({4, 3}, 1), w = random({5, 3}, 2), y = filled({4, 5}, 7.0f);
+  ops::linear_forward(be, x.t, w.t, nullptr, y.t);
+  HostTensor dw = filled({5, 3}, 7.0f);
+  ops::linear_backward(be, y.t, x.t, w.t, nullptr, false, dw.t, nullptr);
+  ops::fill(be, y.t, 1.0f);
+  HostTensor p = filled({3}, 7.0f), m = filled({3}, 7.0f), v = filled({3}, 7.0f), coef = filled({2}, 1.0f);
+  ops::adamw(be, p.t, p.t, m.t, v.t, {0.1f}, coef.t);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(y.f()[i], 7.0f);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(dw.f()[i], 7.0f);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(p.f()[i], 7.0f);
+  // The planner's tensors have no memory: nothing may be read, ids included.
+  AttentionDims d{2, 5, 3, 4, 0.5f};
+  Tensor qkv{nullptr, DType::F32, {10, 36}}, mask{nullptr, DType::I32, {2, 5}};
+  Tensor probs{nullptr, DType::F32, {2, 3, 5, 5}}, ctx{nullptr, DType::F32, {10, 12}};
+  Tensor work{nullptr, DType::F32, {be.attention_workspace_elems(d)}};
+  ops::attention_forward(be, qkv, mask, d, {0.1f, 1, 2}, probs, ctx, work);
+  ops::attention_backward(be, ctx, qkv, probs, d, {0.1f, 1, 2}, qkv, work);
+  Tensor ids{nullptr, DType::I32, {10}}, word{nullptr, DType::F32, {50, 12}}, pos{nullptr, DType::F32, {8, 12}};
+  Tensor type{nullptr, DType::F32, {2, 12}};
+  ops::embedding_forward(be, ids, ids, word, pos, type, 5, ctx);
+  ops::embedding_backward(be, ctx, ids, ids, 5, word, pos, type);
+  // Shapes are still checked.
+  HostTensor y_bad = filled({4, 6}, 7.0f);
+  EXPECT_THROW(ops::linear_forward(be, x.t, w.t, nullptr, y_bad.t), Error);
+}
+
+}  // namespace
+}  // namespace hone

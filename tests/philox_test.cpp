@@ -1,0 +1,71 @@
+#include "hone/philox.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "ops/op_util.h"
+
+namespace hone {
+namespace {
+
+void expect_words(const Philox4& got, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  EXPECT_EQ(got.v[0], a);
+  EXPECT_EQ(got.v[1], b);
+  EXPECT_EQ(got.v[2], c);
+  EXPECT_EQ(got.v[3], d);
+}
+
+// Known-answer vectors of Philox4x32-10 from Random123's kat_vectors.
+TEST(Philox, KnownAnswerVectors) {
+  expect_words(philox4x32(0, 0, 0, 0, 0, 0), 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8);
+  expect_words(philox4x32(0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff), 0x408f276d,
+               0x41c83b0e, 0xa20bc7c6, 0x6d5451fd);
+  expect_words(philox4x32(0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0), 0xd16cfe09,
+               0x94fdcceb, 0x5001e420, 0x24126ea1);
+}
+
+TEST(Philox, BlockLayoutOfSeedStreamAndIndex) {
+  const uint64_t seed = 0x0123456789abcdefull, stream = 0xfedcba9876543210ull, block = 0x1122334455667788ull;
+  const Philox4 want = philox4x32(0x55667788, 0x11223344, 0x76543210, 0xfedcba98, 0x89abcdef, 0x01234567);
+  const Philox4 got = philox_block(seed, stream, block);
+  expect_words(got, want.v[0], want.v[1], want.v[2], want.v[3]);
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(philox_word(seed, stream, block * 4 + w), want.v[w]);
+}
+
+TEST(Philox, DropoutKeepsOneMinusPOfAMillion) {
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    int64_t kept = 0;
+    const int64_t n = 1000000;
+    for (int64_t i = 0; i < n; ++i) kept += dropout_keep(42, 7, uint64_t(i), p);
+    EXPECT_NEAR(double(kept) / n, 1.0 - p, 0.003) << "p = " << p;
+  }
+}
+
+TEST(Philox, DropoutMasksDependOnSeedAndStream) {
+  int same_seed = 0, same_stream = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    same_seed += dropout_keep(1, 0, i, 0.5f) == dropout_keep(2, 0, i, 0.5f);
+    same_stream += dropout_keep(1, 0, i, 0.5f) == dropout_keep(1, 1, i, 0.5f);
+  }
+  EXPECT_NEAR(same_seed, 500, 60);
+  EXPECT_NEAR(same_stream, 500, 60);
+}
+
+// The ops walk masks one Philox block at a time; that must give dropout_keep's bits
+// from any start, aligned or not.
+TEST(Philox, BlockWalkMatchesDropoutKeep) {
+  const DropoutSpec d{0.3f, 99, 5};
+  for (uint64_t begin : {0ull, 1ull, 3ull, 4ull, 1001ull}) {
+    for (int64_t n : {0, 1, 3, 4, 5, 17}) {
+      std::vector<int> seen(size_t(n), -1);
+      ops::detail::for_each_keep(d, begin, n, [&](int64_t k, bool keep) { seen[size_t(k)] = keep; });
+      for (int64_t k = 0; k < n; ++k)
+        EXPECT_EQ(seen[size_t(k)], int(dropout_keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
+            << "begin " << begin << " k " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hone
