@@ -1,0 +1,102 @@
+#pragma once
+// BertForSequenceClassification as transformers defines it, written as calls to ops.
+// All parameters live in one flat buffer (and so do their gradients and the optimizer
+// moments), laid out with the weight-decayed parameters first so that AdamW runs as two
+// calls over contiguous memory. Query, key and value weights are adjacent, so the three
+// projections run as one [3H, H] matrix product.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hone/backend.h"
+#include "hone/config.h"
+#include "hone/memory.h"
+
+namespace hone {
+
+// One parameter under its Hugging Face name, as a slice of the flat buffers.
+struct ParamEntry {
+  std::string name;  // e.g. "bert.encoder.layer.0.attention.self.query.weight"
+  Shape shape;
+  int64_t offset = 0;  // in elements
+  bool decay = false;  // weight decay applies (not a bias, not a LayerNorm parameter)
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const BertConfig& c);
+  const std::vector<ParamEntry>& entries() const { return entries_; }  // transformers' order
+  const ParamEntry* find(const std::string& name) const;
+  const ParamEntry& at(const std::string& name) const;
+  int64_t count() const { return count_; }          // all parameters
+  int64_t decayed_count() const { return decayed_; }  // elements [0, decayed) take weight decay
+
+ private:
+  std::vector<ParamEntry> entries_;
+  int64_t count_ = 0, decayed_ = 0;
+};
+
+// The batch as the model reads it; I32 ids [B*S]; labels I32 [B] or, for regression, F32 [B].
+struct BatchTensors {
+  int batch = 0, seq = 0;
+  Tensor input_ids, attention_mask, token_type_ids, labels;
+};
+
+// Counter-based dropout state of one micro-step: every call site derives its stream
+// from (step, site), so masks never repeat across steps and the backward pass
+// regenerates the forward masks instead of storing them.
+struct DropoutState {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  bool training = true;  // false: dropout is off (inference, golden tests)
+};
+
+class BertForSequenceClassification {
+ public:
+  explicit BertForSequenceClassification(const BertConfig& c);
+  const BertConfig& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  bool regression() const { return regression_; }
+
+  // Takes the flat weight and gradient buffers (setup phase).
+  void bind_parameters(BufferSource& mem);
+  Tensor& weights() { return weights_; }
+  Tensor& grads() { return grads_; }
+  Tensor param(const Tensor& flat, const ParamEntry& e) const { return slice(flat, e.offset, e.shape); }
+
+  // Forward and backward of one micro-batch. Parameter gradients accumulate (+=);
+  // loss[0] receives the mean loss; dlogits are scaled by grad_scale (1 / accumulation
+  // steps). If logits_out is not null, the logits are copied there (host, B x labels).
+  void forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
+                        float grad_scale, Tensor& loss, float* logits_out = nullptr);
+
+ private:
+  struct Linear { const ParamEntry *w, *b; };
+  struct Norm { const ParamEntry *g, *b; };
+  struct Layer { Linear qkv, attn_out, ffn_up, ffn_down; Norm ln1, ln2; };
+  // What one layer saves for its backward pass. Dropout masks are not saved: backward
+  // regenerates them from the same Philox streams.
+  struct Saved {
+    Tensor qkv, probs, ctx, ln1_in, ln1_mean, ln1_rstd, ln1_out, ffn_pre, ln2_in, ln2_mean, ln2_rstd, out;
+  };
+
+  static Tensor slice(const Tensor& flat, int64_t offset, Shape s);
+  Tensor w(const ParamEntry* e) const { return param(weights_, *e); }
+  Tensor g(const ParamEntry* e) const { return param(grads_, *e); }
+  // Query, key and value as one [3H, H] weight and [3H] bias (they are adjacent).
+  Tensor w3(const ParamEntry* e, int64_t rows, int64_t cols) const { return slice(weights_, e->offset, {rows, cols}); }
+  Tensor g3(const ParamEntry* e, int64_t rows, int64_t cols) const { return slice(grads_, e->offset, {rows, cols}); }
+  DropoutSpec dropout(const DropoutState& d, float p, int site) const;
+
+  BertConfig cfg_;
+  bool regression_;  // cached: resolved_problem_type() builds a string
+  ParamLayout layout_;
+  const ParamEntry *word_, *pos_, *type_;
+  Norm emb_ln_;
+  std::vector<Layer> layers_;
+  Linear pooler_, classifier_;
+  Tensor weights_, grads_;
+  std::vector<Saved> saved_;  // one per layer, refilled by each forward pass
+};
+
+}  // namespace hone

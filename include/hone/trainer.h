@@ -1,0 +1,90 @@
+#pragma once
+// The training loop with Trainer's semantics: epochs of shuffled micro-batches,
+// gradient accumulation (loss divided by the number of micro-batches in the window),
+// gradient clipping, AdamW with bias and LayerNorm parameters excluded from weight
+// decay, the learning-rate schedule stepped after each update, and logging every
+// logging_steps updates.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "hone/args.h"
+#include "hone/backend.h"
+#include "hone/bert.h"
+#include "hone/data.h"
+#include "hone/memory.h"
+
+namespace hone {
+
+struct TrainMetrics {
+  double train_runtime = 0, train_samples_per_second = 0, train_steps_per_second = 0, train_loss = 0, epoch = 0;
+  double total_flos = 0;
+  int64_t global_step = 0;
+  nlohmann::ordered_json to_json() const;
+};
+
+// Steps of one run as Trainer counts them.
+struct StepCounts {
+  int64_t micro_per_epoch = 0;    // ceil(n / batch)
+  int64_t updates_per_epoch = 0;  // ceil(micro_per_epoch / accumulation)
+  int64_t total_updates = 0;      // max_steps, or ceil(epochs * updates_per_epoch)
+  int64_t epochs = 0;             // epochs the loop enters
+  int64_t num_train_samples = 0;  // for train_samples_per_second
+};
+StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size);
+
+// Everything a run holds: the model, its planned memory and the optimizer state.
+class TrainingRun {
+ public:
+  // Plans the run (a dry run of setup, one micro-step and one optimizer step at the
+  // largest batch) and allocates its arenas. Weights are uninitialised until
+  // init_weights()/load_weights() on `model_weights()`.
+  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be);
+
+  // The plan alone, allocating nothing: what `hone estimate` prints.
+  static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be);
+
+  BertForSequenceClassification& model() { return *model_; }
+  PlannedMemory& memory() { return *mem_; }
+  float* host_weights();  // the flat weight buffer (CPU backend)
+
+  // One micro-batch from host rows (batch x seq); accumulates gradients and the loss.
+  // If logits_out is given, receives the logits.
+  void micro_step(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels, int batch,
+                  float grad_scale, uint64_t dropout_step, float* logits_out = nullptr);
+  // Clip, AdamW at this learning rate (update number `step`, 1-based), zero gradients.
+  void optimizer_step(double lr, int64_t step);
+  // Host reads of the accumulators (a synchronisation on a GPU).
+  double take_loss_sum();   // sum of the micro-step losses times their grad_scale; resets it
+  double last_grad_norm();  // before clipping, of the last optimizer step
+
+ private:
+  struct PlanOnly {};
+  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, PlanOnly);
+  MemoryPlan record_plan();
+  void setup(BufferSource& mem);
+  void run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
+                      const float* labels, int batch, float grad_scale, uint64_t dropout_step, float* logits_out);
+  void run_optimizer_step(BufferSource& mem, double lr, int64_t step);
+
+  TrainingArguments args_;
+  int seq_;
+  Backend& be_;
+  std::unique_ptr<BertForSequenceClassification> model_;
+  std::unique_ptr<PlannedMemory> mem_;
+  Tensor adam_m_, adam_v_, loss_sum_, sumsq_, norm_coef_;
+  std::vector<int32_t> int_labels_;  // host staging for class ids
+};
+
+struct TrainCallbacks {
+  std::function<void(int64_t step, int64_t total)> on_step;            // after each update
+  std::function<void(const nlohmann::ordered_json& entry)> on_log;     // each logged entry
+};
+
+// Runs the whole training loop on `run` over `data`.
+TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const Dataset& data, const TrainCallbacks& cb);
+
+}  // namespace hone

@@ -1,0 +1,44 @@
+#pragma once
+// Model files: random initialisation as transformers does it, loading a model.safetensors
+// into the flat parameter buffer, and saving a directory that transformers reads.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hone/bert.h"
+#include "hone/config.h"
+
+namespace hone {
+
+// transformers' _init_weights for BERT: Linear and Embedding weights ~ normal(0,
+// initializer_range), biases 0, the padding row of word_embeddings 0, LayerNorm weight 1
+// and bias 0. Only the entries listed in `only` when it is not empty.
+void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights, uint64_t seed,
+                  const std::vector<std::string>& only = {});
+
+struct LoadReport {
+  std::vector<std::string> initialized;  // parameters the file lacked, newly initialised
+  std::vector<std::string> unused;       // tensors in the file that the model does not use
+};
+
+// Reads `path` (a model.safetensors) into `weights`. Accepts transformers' names, names
+// without the "bert." prefix (a BertModel checkpoint) and the legacy LayerNorm
+// gamma/beta. A tensor whose shape differs from the config's is an error naming both.
+// Missing parameters are initialised as init_weights does and listed in the report.
+LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
+                        uint64_t seed);
+
+// What --model_name_or_path names: a directory with config.json (and model.safetensors),
+// or a built-in configuration with random weights.
+struct ModelSource {
+  BertConfig config;
+  std::string weights_path;  // empty: random initialisation
+  std::string name;
+};
+ModelSource resolve_model(const std::string& name_or_path);
+
+// Writes config.json and model.safetensors (transformers' names and order) into `dir`,
+// creating it; each file is written atomically.
+void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights);
+
+}  // namespace hone

@@ -1,0 +1,279 @@
+#include "hone/bert.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "hone/ops.h"
+
+namespace hone {
+
+// ---------------------------------------------------------------- layout
+
+ParamLayout::ParamLayout(const BertConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  auto add = [&](std::string name, Shape s, bool decay) { entries_.push_back({std::move(name), s, 0, decay}); };
+  auto linear = [&](const std::string& p, int64_t out, int64_t in) {
+    add(p + ".weight", {out, in}, true);
+    add(p + ".bias", {out}, false);
+  };
+  auto norm = [&](const std::string& p) {
+    add(p + ".weight", {H}, false);
+    add(p + ".bias", {H}, false);
+  };
+  add("bert.embeddings.word_embeddings.weight", {c.vocab_size, H}, true);
+  add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, H}, true);
+  add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, H}, true);
+  norm("bert.embeddings.LayerNorm");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    linear(p + "attention.self.query", H, H);
+    linear(p + "attention.self.key", H, H);
+    linear(p + "attention.self.value", H, H);
+    linear(p + "attention.output.dense", H, H);
+    norm(p + "attention.output.LayerNorm");
+    linear(p + "intermediate.dense", I, H);
+    linear(p + "output.dense", H, I);
+    norm(p + "output.LayerNorm");
+  }
+  linear("bert.pooler.dense", H, H);
+  linear("classifier", c.num_labels, H);
+  // Decayed parameters first, each group in transformers' order.
+  for (bool decay : {true, false})
+    for (auto& e : entries_)
+      if (e.decay == decay) {
+        e.offset = count_;
+        count_ += e.shape.numel();
+        if (decay) decayed_ = count_;
+      }
+}
+
+const ParamEntry* ParamLayout::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const ParamEntry& ParamLayout::at(const std::string& name) const {
+  const ParamEntry* e = find(name);
+  HONE_CHECK(e, "no parameter {}", name);
+  return *e;
+}
+
+// ---------------------------------------------------------------- model
+
+BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c)
+    : cfg_(c), regression_(c.resolved_problem_type() == "regression"), layout_(c) {
+  HONE_CHECK(3 * c.num_hidden_layers + 2 < 4096, "too many layers for the dropout stream layout");
+  auto e = [&](const std::string& n) { return &layout_.at(n); };
+  auto linear = [&](const std::string& p) { return Linear{e(p + ".weight"), e(p + ".bias")}; };
+  auto norm = [&](const std::string& p) { return Norm{e(p + ".weight"), e(p + ".bias")}; };
+  word_ = e("bert.embeddings.word_embeddings.weight");
+  pos_ = e("bert.embeddings.position_embeddings.weight");
+  type_ = e("bert.embeddings.token_type_embeddings.weight");
+  emb_ln_ = norm("bert.embeddings.LayerNorm");
+  const int64_t H = c.hidden_size;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    Layer L;
+    L.qkv = linear(p + "attention.self.query");  // key and value follow in memory
+    HONE_CHECK(e(p + "attention.self.value.weight")->offset == L.qkv.w->offset + 2 * H * H &&
+                   e(p + "attention.self.value.bias")->offset == L.qkv.b->offset + 2 * H,
+               "query, key and value are not adjacent");
+    L.attn_out = linear(p + "attention.output.dense");
+    L.ln1 = norm(p + "attention.output.LayerNorm");
+    L.ffn_up = linear(p + "intermediate.dense");
+    L.ffn_down = linear(p + "output.dense");
+    L.ln2 = norm(p + "output.LayerNorm");
+    layers_.push_back(L);
+  }
+  pooler_ = linear("bert.pooler.dense");
+  classifier_ = linear("classifier");
+  saved_.resize(c.num_hidden_layers);
+}
+
+void BertForSequenceClassification::bind_parameters(BufferSource& mem) {
+  weights_ = mem.take(Category::Weights, "parameters", -1, DType::F32, {layout_.count()});
+  grads_ = mem.take(Category::Gradients, "parameter_grads", -1, DType::F32, {layout_.count()});
+}
+
+Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, Shape s) {
+  HONE_CHECK(offset >= 0 && offset + s.numel() <= flat.numel(), "slice {} at {} of {}", s.str(), offset,
+             flat.shape.str());
+  Tensor t = flat;
+  t.data = static_cast<char*>(flat.data) + size_t(offset) * dtype_size(flat.dtype);
+  t.shape = s;
+  return t;
+}
+
+DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float p, int site) const {
+  return {d.training ? p : 0.0f, d.seed, (d.step << 12) | uint64_t(site)};
+}
+
+void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
+                                                     const DropoutState& drop, float grad_scale, Tensor& loss,
+                                                     float* logits_out) {
+  const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
+  const int64_t T = int64_t(B) * S, H = cfg_.hidden_size, I = cfg_.intermediate_size, C = cfg_.num_labels;
+  const float eps = cfg_.layer_norm_eps;
+  const Activation act = cfg_.activation();
+  const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
+  const int64_t attn_ws_elems = be.attention_workspace_elems(ad);
+  auto saved = [&](const char* name, int layer, Shape s) {
+    return mem.take(Category::Activations, name, layer, DType::F32, s);
+  };
+  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, DType::F32, s); };
+  // Dropout call sites: 0 embeddings, 1 + 3l + {0 probs, 1 attention output, 2 FFN output}, 3L + 1 classifier.
+  auto layer_drop = [&](int l, int k) {
+    return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
+  };
+  const DropoutSpec emb_drop = dropout(drop, cfg_.hidden_dropout_prob, 0);
+  const DropoutSpec cls_drop = dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1);
+
+  // ---------------- forward
+  Tensor emb_sum = saved("embeddings_sum", -1, {T, H});
+  Tensor emb_mean = saved("embeddings_ln_mean", -1, {T});
+  Tensor emb_rstd = saved("embeddings_ln_rstd", -1, {T});
+  Tensor emb_out = saved("embeddings_out", -1, {T, H});
+  ops::embedding_forward(be, batch.input_ids, batch.token_type_ids, w(word_), w(pos_), w(type_), S, emb_sum);
+  ops::layernorm_forward(be, emb_sum, w(emb_ln_.g), w(emb_ln_.b), eps, emb_out, emb_mean, emb_rstd);
+  ops::dropout(be, emb_out, emb_drop, emb_out);
+
+  for (int l = 0; l < L; ++l) {
+    const Layer& P = layers_[l];
+    Saved& s = saved_[l];
+    const Tensor& x = l == 0 ? emb_out : saved_[l - 1].out;
+    const Tensor qkv_b = slice(weights_, P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
+                 down_b = w(P.ffn_down.b);
+    s.qkv = saved("qkv", l, {T, 3 * H});
+    ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
+    s.probs = saved("attention_probs", l, {B, ad.heads, S, S});
+    s.ctx = saved("attention_context", l, {T, H});
+    Tensor ws = scratch("attention_workspace", {attn_ws_elems});
+    ops::attention_forward(be, s.qkv, batch.attention_mask, ad, layer_drop(l, 0), s.probs, s.ctx, ws);
+    mem.release(ws);
+    s.ln1_in = saved("attention_residual", l, {T, H});
+    ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
+    ops::dropout_add(be, s.ln1_in, x, layer_drop(l, 1), s.ln1_in);
+    s.ln1_mean = saved("attention_ln_mean", l, {T});
+    s.ln1_rstd = saved("attention_ln_rstd", l, {T});
+    s.ln1_out = saved("attention_out", l, {T, H});
+    ops::layernorm_forward(be, s.ln1_in, w(P.ln1.g), w(P.ln1.b), eps, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+    s.ffn_pre = saved("ffn_preactivation", l, {T, I});
+    ops::linear_forward(be, s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre);
+    Tensor ffn_act = scratch("ffn_activation", {T, I});  // recomputed in backward rather than saved
+    ops::activation_forward(be, act, s.ffn_pre, ffn_act);
+    s.ln2_in = saved("ffn_residual", l, {T, H});
+    ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
+    mem.release(ffn_act);
+    ops::dropout_add(be, s.ln2_in, s.ln1_out, layer_drop(l, 2), s.ln2_in);
+    s.ln2_mean = saved("ffn_ln_mean", l, {T});
+    s.ln2_rstd = saved("ffn_ln_rstd", l, {T});
+    s.out = saved("layer_out", l, {T, H});
+    ops::layernorm_forward(be, s.ln2_in, w(P.ln2.g), w(P.ln2.b), eps, s.out, s.ln2_mean, s.ln2_rstd);
+  }
+
+  const Tensor& last = L > 0 ? saved_[L - 1].out : emb_out;
+  Tensor cls_tok = saved("cls_token", -1, {B, H});
+  ops::gather_first_tokens(be, last, S, cls_tok);
+  if (L > 0) mem.release(saved_[L - 1].out);  // nothing in backward reads the last layer's output
+  Tensor pooled = saved("pooled", -1, {B, H});
+  const Tensor pool_b = w(pooler_.b), cls_b = w(classifier_.b);
+  ops::linear_forward(be, cls_tok, w(pooler_.w), &pool_b, pooled);
+  ops::tanh_forward(be, pooled, pooled);
+  Tensor cls_in = saved("classifier_in", -1, {B, H});
+  ops::dropout(be, pooled, cls_drop, cls_in);
+  Tensor logits = scratch("logits", {B, C});
+  ops::linear_forward(be, cls_in, w(classifier_.w), &cls_b, logits);
+  if (logits_out && !be.dry_run) be.read(logits, logits_out, size_t(B * C));
+  Tensor dlogits = scratch("logits_grad", {B, C});
+  if (regression_)
+    ops::mse(be, logits, batch.labels, grad_scale, loss, dlogits);
+  else
+    ops::cross_entropy(be, logits, batch.labels, grad_scale, loss, dlogits);
+  mem.release(logits);
+
+  // ---------------- backward
+  Tensor gcls_w = g(classifier_.w), gcls_b = g(classifier_.b), gpool_b = g(pooler_.b);
+  Tensor d_cls = scratch("classifier_in_grad", {B, H});
+  ops::linear_backward(be, dlogits, cls_in, w(classifier_.w), &d_cls, false, gcls_w, &gcls_b);
+  mem.release(dlogits);
+  mem.release(cls_in);
+  ops::dropout(be, d_cls, cls_drop, d_cls);
+  ops::tanh_backward(be, d_cls, pooled, d_cls);
+  mem.release(pooled);
+  Tensor d_tok = scratch("cls_token_grad", {B, H});
+  Tensor gpool_w = g(pooler_.w);
+  ops::linear_backward(be, d_cls, cls_tok, w(pooler_.w), &d_tok, false, gpool_w, &gpool_b);
+  mem.release(d_cls);
+  mem.release(cls_tok);
+  Tensor dh = scratch("hidden_grad", {T, H});  // gradient flowing down the layers
+  ops::scatter_first_tokens(be, d_tok, S, dh);
+  mem.release(d_tok);
+
+  for (int l = L - 1; l >= 0; --l) {
+    const Layer& P = layers_[l];
+    Saved& s = saved_[l];
+    const Tensor& x = l == 0 ? emb_out : saved_[l - 1].out;
+    Tensor gg2 = g(P.ln2.g), gb2 = g(P.ln2.b), gg1 = g(P.ln1.g), gb1 = g(P.ln1.b);
+    Tensor gdown_w = g(P.ffn_down.w), gdown_b = g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = g(P.ffn_up.b);
+    Tensor gao_w = g(P.attn_out.w), gao_b = g(P.attn_out.b);
+    Tensor gqkv_w = g3(P.qkv.w, 3 * H, H), gqkv_b = slice(grads_, P.qkv.b->offset, {3 * H});
+
+    // out = LN2(ln2_in), ln2_in = ln1_out + dropout(down(act(ffn_pre)))
+    Tensor d_res = scratch("residual_grad", {T, H});
+    ops::layernorm_backward(be, dh, s.ln2_in, w(P.ln2.g), s.ln2_mean, s.ln2_rstd, d_res, gg2, gb2);
+    mem.release(s.ln2_in);
+    mem.release(s.ln2_mean);
+    mem.release(s.ln2_rstd);
+    Tensor d_down = scratch("ffn_out_grad", {T, H});
+    ops::dropout(be, d_res, layer_drop(l, 2), d_down);
+    Tensor ffn_act = scratch("ffn_activation", {T, I});
+    ops::activation_forward(be, act, s.ffn_pre, ffn_act);
+    Tensor d_act = scratch("ffn_activation_grad", {T, I});
+    ops::linear_backward(be, d_down, ffn_act, w(P.ffn_down.w), &d_act, false, gdown_w, &gdown_b);
+    mem.release(ffn_act);
+    mem.release(d_down);
+    ops::activation_backward(be, act, d_act, s.ffn_pre, d_act);
+    mem.release(s.ffn_pre);
+    // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
+    ops::linear_backward(be, d_act, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
+    mem.release(d_act);
+    mem.release(s.ln1_out);
+
+    // ln1_out = LN1(ln1_in), ln1_in = x + dropout(attn_out(ctx)); dh becomes d ln1_in
+    ops::layernorm_backward(be, d_res, s.ln1_in, w(P.ln1.g), s.ln1_mean, s.ln1_rstd, dh, gg1, gb1);
+    mem.release(s.ln1_in);
+    mem.release(s.ln1_mean);
+    mem.release(s.ln1_rstd);
+    ops::dropout(be, dh, layer_drop(l, 1), d_res);
+    Tensor d_ctx = scratch("attention_context_grad", {T, H});
+    ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
+    mem.release(d_res);
+    mem.release(s.ctx);
+    Tensor d_qkv = scratch("qkv_grad", {T, 3 * H});
+    Tensor ws = scratch("attention_workspace", {attn_ws_elems});
+    ops::attention_backward(be, d_ctx, s.qkv, s.probs, ad, layer_drop(l, 0), d_qkv, ws);
+    mem.release(ws);
+    mem.release(d_ctx);
+    mem.release(s.probs);
+    // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
+    ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, &gqkv_b);
+    mem.release(d_qkv);
+    mem.release(s.qkv);
+    mem.release(x);
+  }
+
+  // emb_out = dropout(LN(emb_sum))
+  Tensor gemb_g = g(emb_ln_.g), gemb_b = g(emb_ln_.b), gword = g(word_), gpos = g(pos_), gtype = g(type_);
+  ops::dropout(be, dh, emb_drop, dh);
+  Tensor d_emb = scratch("embeddings_grad", {T, H});
+  ops::layernorm_backward(be, dh, emb_sum, w(emb_ln_.g), emb_mean, emb_rstd, d_emb, gemb_g, gemb_b);
+  mem.release(dh);
+  mem.release(emb_sum);
+  mem.release(emb_mean);
+  mem.release(emb_rstd);
+  ops::embedding_backward(be, d_emb, batch.input_ids, batch.token_type_ids, S, gword, gpos, gtype);
+  mem.release(d_emb);
+}
+
+}  // namespace hone

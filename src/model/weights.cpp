@@ -1,0 +1,134 @@
+#include "hone/weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <set>
+
+#include "hone/philox.h"
+#include "hone/safetensors.h"
+
+namespace hone {
+namespace {
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Streams for weight init are disjoint from dropout's (step << 12 | site) by the top bit.
+constexpr uint64_t kInitStream = uint64_t(1) << 63;
+
+void init_entry(const BertConfig& c, const ParamEntry& e, size_t index, float* w, uint64_t seed) {
+  const int64_t n = e.shape.numel();
+  float* p = w + e.offset;
+  if (e.name.find("LayerNorm") != std::string::npos) {
+    std::fill(p, p + n, ends_with(e.name, ".weight") ? 1.0f : 0.0f);
+    return;
+  }
+  if (ends_with(e.name, ".bias")) {
+    std::fill(p, p + n, 0.0f);
+    return;
+  }
+  // Box-Muller on Philox uniforms: block k gives elements 2k and 2k + 1.
+  const float std = c.initializer_range;
+  for (int64_t k = 0; 2 * k < n; ++k) {
+    Philox4 r = philox_block(seed, kInitStream | index, uint64_t(k));
+    float u1 = (float(r.v[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]: log is finite
+    float u2 = uniform_from_word(r.v[1]);
+    float radius = std * std::sqrt(-2.0f * std::log(u1));
+    p[2 * k] = radius * std::cos(6.2831853f * u2);
+    if (2 * k + 1 < n) p[2 * k + 1] = radius * std::sin(6.2831853f * u2);
+  }
+  if (e.name == "bert.embeddings.word_embeddings.weight" && c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size)
+    std::fill(p + int64_t(c.pad_token_id) * c.hidden_size, p + int64_t(c.pad_token_id + 1) * c.hidden_size, 0.0f);
+}
+
+// The parameter a checkpoint tensor name refers to, or "" if none.
+std::string canonical_name(const std::string& file_name, const ParamLayout& layout) {
+  std::string n = file_name;
+  if (ends_with(n, ".gamma")) n = n.substr(0, n.size() - 6) + ".weight";
+  if (ends_with(n, ".beta")) n = n.substr(0, n.size() - 5) + ".bias";
+  if (layout.find(n)) return n;
+  if (layout.find("bert." + n)) return "bert." + n;
+  return "";
+}
+
+}  // namespace
+
+void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights, uint64_t seed,
+                  const std::vector<std::string>& only) {
+  const auto& entries = layout.entries();
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (only.empty() || std::find(only.begin(), only.end(), entries[i].name) != only.end())
+      init_entry(c, entries[i], i, weights, seed);
+}
+
+LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
+                        uint64_t seed) {
+  SafetensorsFile file(path);
+  LoadReport report;
+  std::set<std::string> loaded;
+  for (const SafetensorsEntry& t : file.entries()) {
+    std::string name = canonical_name(t.name, layout);
+    if (name.empty()) {
+      // Buffers that older checkpoints carry are not parameters; everything else is reported.
+      if (!ends_with(t.name, "position_ids")) report.unused.push_back(t.name);
+      continue;
+    }
+    const ParamEntry& e = layout.at(name);
+    bool same = int(t.shape.size()) == e.shape.rank;
+    for (int i = 0; same && i < e.shape.rank; ++i) same = t.shape[i] == e.shape[i];
+    if (!same) {
+      std::string got = "[";
+      for (size_t i = 0; i < t.shape.size(); ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
+      fail("{}: tensor '{}' has shape {}] but the model's config.json needs {}", path, t.name, got,
+           e.shape.str());
+    }
+    if (!loaded.insert(name).second) fail("{}: parameter '{}' appears twice (as '{}')", path, name, t.name);
+    file.read_f32(t, weights + e.offset, e.shape.numel());
+  }
+  for (const auto& e : layout.entries())
+    if (!loaded.count(e.name)) report.initialized.push_back(e.name);
+  if (!report.initialized.empty()) init_weights(c, layout, weights, seed, report.initialized);
+  return report;
+}
+
+ModelSource resolve_model(const std::string& name_or_path) {
+  namespace fs = std::filesystem;
+  ModelSource m;
+  m.name = name_or_path;
+  if (fs::is_directory(name_or_path)) {
+    m.config = BertConfig::load((fs::path(name_or_path) / "config.json").string());
+    fs::path weights = fs::path(name_or_path) / "model.safetensors";
+    if (!fs::exists(weights)) {
+      std::string hint = fs::exists(fs::path(name_or_path) / "pytorch_model.bin")
+                             ? " (it has pytorch_model.bin: hone reads safetensors only; re-save the model with "
+                               "save_pretrained(dir, safe_serialization=True))"
+                             : "";
+      fail("{} has a config.json but no model.safetensors{}", name_or_path, hint);
+    }
+    m.weights_path = weights.string();
+    return m;
+  }
+  if (auto c = builtin_config(name_or_path)) {
+    m.config = *c;
+    return m;
+  }
+  std::string known;
+  for (const auto& n : builtin_config_names()) known += (known.empty() ? "" : ", ") + n;
+  fail("--model_name_or_path {}: no such directory, and not a built-in configuration ({})", name_or_path, known);
+}
+
+void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("cannot create output directory {}: {}", dir, ec.message());
+  std::vector<NamedTensor> tensors;
+  for (const auto& e : layout.entries())
+    tensors.push_back({e.name, Tensor{const_cast<float*>(weights) + e.offset, DType::F32, e.shape, Device::CPU}});
+  write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors);
+  c.save((std::filesystem::path(dir) / "config.json").string());
+}
+
+}  // namespace hone
