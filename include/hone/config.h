@@ -27,8 +27,8 @@ struct BertConfig {
   std::string position_embedding_type = "absolute";
   std::optional<float> classifier_dropout;  // null: hidden_dropout_prob is used
   int num_labels = 2;
-  std::vector<std::string> id2label;  // size num_labels; "LABEL_i" when not given
-  std::string problem_type;           // "", "regression", "single_label_classification"
+  std::vector<std::string> id2label = {"LABEL_0", "LABEL_1"};  // size num_labels; "LABEL_i" when not given
+  std::string problem_type;  // "", "regression", "single_label_classification"
   nlohmann::json extra = nlohmann::json::object();  // fields hone does not use, written back unchanged
 
   // Parses a config.json object; `source` names the file in error messages.
@@ -47,7 +47,8 @@ struct BertConfig {
 };
 
 // Configurations hone knows without any file: bert-tiny, bert-mini, bert-small,
-// bert-medium, bert-base-uncased, bert-large-uncased (also with a "google-bert/" prefix).
+// bert-medium, bert-base-uncased, bert-large-uncased, also under their Hub names
+// (google-bert/bert-base-uncased, prajjwal1/bert-tiny, google/bert_uncased_L-2_H-128_A-2, ...).
 std::optional<BertConfig> builtin_config(std::string_view name);
 std::vector<std::string> builtin_config_names();
 

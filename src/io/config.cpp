@@ -1,0 +1,319 @@
+#include "hone/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "hone/error.h"
+#include "hone/safetensors.h"
+
+namespace hone {
+namespace {
+
+using nlohmann::json;
+
+const std::pair<const char*, int BertConfig::*> kIntFields[] = {
+    {"vocab_size", &BertConfig::vocab_size},
+    {"hidden_size", &BertConfig::hidden_size},
+    {"num_hidden_layers", &BertConfig::num_hidden_layers},
+    {"num_attention_heads", &BertConfig::num_attention_heads},
+    {"intermediate_size", &BertConfig::intermediate_size},
+    {"max_position_embeddings", &BertConfig::max_position_embeddings},
+    {"type_vocab_size", &BertConfig::type_vocab_size},
+    {"pad_token_id", &BertConfig::pad_token_id},
+};
+const std::pair<const char*, float BertConfig::*> kFloatFields[] = {
+    {"hidden_dropout_prob", &BertConfig::hidden_dropout_prob},
+    {"attention_probs_dropout_prob", &BertConfig::attention_probs_dropout_prob},
+    {"initializer_range", &BertConfig::initializer_range},
+    {"layer_norm_eps", &BertConfig::layer_norm_eps},
+};
+const std::pair<const char*, std::string BertConfig::*> kStringFields[] = {
+    {"hidden_act", &BertConfig::hidden_act},
+    {"position_embedding_type", &BertConfig::position_embedding_type},
+};
+// Fields to_json always writes itself, so a loaded value is not carried in `extra`:
+// hone saves a sequence classifier in float32 whatever the source checkpoint was.
+// ("dtype" is the name transformers >= 4.56 uses for torch_dtype.)
+const char* kRewrittenFields[] = {"architectures", "torch_dtype", "dtype"};
+
+std::vector<std::string> default_labels(int n) {
+  std::vector<std::string> names;
+  for (int i = 0; i < n; ++i) names.push_back(fmt::format("LABEL_{}", i));
+  return names;
+}
+
+bool is_problem_type(const std::string& s) {
+  return s == "regression" || s == "single_label_classification" || s == "multi_label_classification";
+}
+
+// What a field held, for type errors: `string "768"`, `array`.
+std::string describe(const json& v) {
+  if (v.is_structured()) return v.type_name();
+  return fmt::format("{} {}", v.type_name(), v.dump());
+}
+
+int as_int(const json& v, const std::string& source, std::string_view key) {
+  if (!v.is_number_integer()) fail("{}: field '{}' must be an integer, got {}", source, key, describe(v));
+  bool fits = v.is_number_unsigned()
+                  ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                  : v.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                        v.get<int64_t>() <= std::numeric_limits<int>::max();
+  if (!fits) fail("{}: field '{}' is out of range: {}", source, key, v.dump());
+  return int(v.get<int64_t>());
+}
+
+float as_float(const json& v, const std::string& source, std::string_view key) {
+  if (!v.is_number()) fail("{}: field '{}' must be a number, got {}", source, key, describe(v));
+  double d = v.get<double>();
+  if (!(std::fabs(d) <= std::numeric_limits<float>::max()))
+    fail("{}: field '{}' is out of range: {}", source, key, v.dump());
+  return float(d);
+}
+
+std::string as_string(const json& v, const std::string& source, std::string_view key) {
+  if (!v.is_string()) fail("{}: field '{}' must be a string, got {}", source, key, describe(v));
+  return v.get<std::string>();
+}
+
+// The float as the shortest decimal that reads back to it, so 0.1f is written as 0.1
+// rather than 0.10000000149011612.
+double shortest(float f) { return std::strtod(fmt::format("{}", f).c_str(), nullptr); }
+
+std::vector<std::string> parse_id2label(const json& v, const std::string& source) {
+  if (!v.is_object())
+    fail("{}: field 'id2label' must be an object like {{\"0\": \"NEG\"}}, got {}", source, describe(v));
+  const int n = int(v.size());
+  std::vector<std::string> names(static_cast<size_t>(n));
+  std::vector<bool> seen(static_cast<size_t>(n));
+  for (const auto& [key, name] : v.items()) {
+    int id = -1;
+    auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    // JSON keys are strings; the ids must be exactly 0..n-1, each once.
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id >= n || seen[size_t(id)])
+      fail("{}: id2label keys must be the label ids 0..{} each once, got key '{}'", source, n - 1, key);
+    if (!name.is_string()) fail("{}: id2label['{}'] must be a string, got {}", source, key, describe(name));
+    seen[size_t(id)] = true;
+    names[size_t(id)] = name.get<std::string>();
+  }
+  return names;
+}
+
+// label2id alone gives id2label; with id2label it must describe the same mapping.
+void check_label2id(const json& v, std::vector<std::string>& id2label, bool have_id2label,
+                    const std::string& source) {
+  if (!v.is_object()) fail("{}: field 'label2id' must be an object like {{\"NEG\": 0}}, got {}", source, describe(v));
+  if (!have_id2label) id2label.assign(v.size(), "");
+  const int n = int(id2label.size());
+  std::vector<bool> seen(static_cast<size_t>(n));
+  for (const auto& [name, idv] : v.items()) {
+    int id = as_int(idv, source, "label2id['" + name + "']");
+    if (id < 0 || id >= n)
+      fail("{}: label2id['{}'] = {} is not a label id in 0..{}", source, name, id, n - 1);
+    if (!have_id2label) {
+      if (seen[size_t(id)]) fail("{}: label2id maps two labels to id {}", source, id);
+      id2label[size_t(id)] = name;
+    } else if (id2label[size_t(id)] != name) {
+      fail("{}: label2id['{}'] = {} does not match id2label['{}'] = '{}'", source, name, id, id, id2label[size_t(id)]);
+    }
+    seen[size_t(id)] = true;
+  }
+  for (int i = 0; i < n; ++i)
+    if (!seen[size_t(i)]) fail("{}: label2id has no entry for label id {} ('{}')", source, i, id2label[size_t(i)]);
+}
+
+}  // namespace
+
+BertConfig BertConfig::from_json(const json& j, const std::string& source) {
+  if (!j.is_object()) fail("{}: a config must be a JSON object, got {}", source, j.type_name());
+  BertConfig c;
+  const json* id2label = nullptr;
+  const json* label2id = nullptr;
+  bool have_num_labels = false;
+  for (const auto& [key, v] : j.items()) {
+    auto is = [&key](const auto& field) { return key == field.first; };
+    if (auto f = std::find_if(std::begin(kIntFields), std::end(kIntFields), is); f != std::end(kIntFields)) {
+      c.*(f->second) = as_int(v, source, key);
+    } else if (auto g = std::find_if(std::begin(kFloatFields), std::end(kFloatFields), is); g != std::end(kFloatFields)) {
+      c.*(g->second) = as_float(v, source, key);
+    } else if (auto s = std::find_if(std::begin(kStringFields), std::end(kStringFields), is); s != std::end(kStringFields)) {
+      c.*(s->second) = as_string(v, source, key);
+    } else if (key == "num_labels") {
+      c.num_labels = as_int(v, source, key);
+      have_num_labels = true;
+    } else if (key == "classifier_dropout") {
+      if (!v.is_null()) c.classifier_dropout = as_float(v, source, key);
+    } else if (key == "problem_type") {
+      if (!v.is_null()) c.problem_type = as_string(v, source, key);
+      if (!c.problem_type.empty() && !is_problem_type(c.problem_type))
+        fail("{}: field 'problem_type' must be null, regression, single_label_classification or "
+             "multi_label_classification, got '{}'", source, c.problem_type);
+    } else if (key == "id2label") {
+      if (!v.is_null()) id2label = &v;
+    } else if (key == "label2id") {
+      if (!v.is_null()) label2id = &v;  // transformers 5 writes null when it has none
+    } else if (std::find(std::begin(kRewrittenFields), std::end(kRewrittenFields), key) == std::end(kRewrittenFields)) {
+      c.extra[key] = v;
+    }
+  }
+
+  // As in transformers, id2label (or label2id) gives the number of labels when num_labels is absent.
+  if (id2label) c.id2label = parse_id2label(*id2label, source);
+  if (label2id) check_label2id(*label2id, c.id2label, id2label != nullptr, source);
+  if (id2label || label2id) {
+    if (!have_num_labels) c.num_labels = int(c.id2label.size());
+  } else {
+    c.id2label = default_labels(c.num_labels);
+  }
+  return c;
+}
+
+BertConfig BertConfig::load(const std::string& path) {
+  if (std::filesystem::is_directory(path)) fail("cannot read config.json at {}: it is a directory", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read config.json at {}: {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail("cannot read config.json at {}: read error", path);
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    fail("{}: invalid JSON: {}", path, e.what());
+  }
+  return from_json(j, path);
+}
+
+json BertConfig::to_json() const {
+  json j = extra;  // the fields below take precedence over anything carried along
+  j["architectures"] = json::array({"BertForSequenceClassification"});
+  j["model_type"] = "bert";
+  for (const auto& [key, field] : kIntFields) j[key] = this->*field;
+  for (const auto& [key, field] : kFloatFields) j[key] = shortest(this->*field);
+  for (const auto& [key, field] : kStringFields) j[key] = this->*field;
+  j["classifier_dropout"] = classifier_dropout ? json(shortest(*classifier_dropout)) : json(nullptr);
+  // num_labels is not written: transformers derives it from id2label.
+  json ids = json::object(), labels = json::object();
+  for (size_t i = 0; i < id2label.size(); ++i) {
+    ids[std::to_string(i)] = id2label[i];
+    labels[id2label[i]] = int(i);
+  }
+  j["id2label"] = std::move(ids);
+  j["label2id"] = std::move(labels);
+  if (!problem_type.empty()) j["problem_type"] = problem_type;
+  j["dtype"] = "float32";
+  return j;
+}
+
+void BertConfig::save(const std::string& path) const {
+  // As transformers writes it: sorted keys (nlohmann::json keeps objects sorted), indent 2.
+  write_file_atomic(path, to_json().dump(2) + "\n");
+}
+
+void BertConfig::validate(const std::string& source) const {
+  for (const auto& [key, field] : kIntFields)
+    if (field != &BertConfig::pad_token_id && this->*field <= 0)
+      fail("{}: {} must be positive, got {}", source, key, this->*field);
+  if (hidden_size % num_attention_heads != 0)
+    fail("{}: hidden_size ({}) must be divisible by num_attention_heads ({})", source, hidden_size,
+         num_attention_heads);
+  if (pad_token_id < 0 || pad_token_id >= vocab_size)
+    fail("{}: pad_token_id ({}) must be a token id below vocab_size ({})", source, pad_token_id, vocab_size);
+  auto check_prob = [&](const char* key, float p) {
+    if (!(p >= 0.0f && p < 1.0f)) fail("{}: {} must be in [0, 1), got {}", source, key, p);
+  };
+  check_prob("hidden_dropout_prob", hidden_dropout_prob);
+  check_prob("attention_probs_dropout_prob", attention_probs_dropout_prob);
+  if (classifier_dropout) check_prob("classifier_dropout", *classifier_dropout);
+  if (!(layer_norm_eps > 0.0f)) fail("{}: layer_norm_eps must be positive, got {}", source, layer_norm_eps);
+  if (!(initializer_range >= 0.0f))
+    fail("{}: initializer_range must not be negative, got {}", source, initializer_range);
+  if (num_labels < 1) fail("{}: num_labels must be at least 1, got {}", source, num_labels);
+  if (int(id2label.size()) != num_labels)
+    fail("{}: num_labels is {} but id2label has {} labels", source, num_labels, id2label.size());
+  if (hidden_act != "gelu" && hidden_act != "gelu_new" && hidden_act != "gelu_pytorch_tanh" && hidden_act != "relu")
+    fail("{}: hidden_act '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", source,
+         hidden_act);
+  if (position_embedding_type != "absolute")
+    fail("{}: position_embedding_type '{}' is not supported (hone implements only 'absolute')", source,
+         position_embedding_type);
+  if (extra.contains("model_type") && extra.at("model_type") != "bert")
+    fail("{}: model_type is {}, but hone fine-tunes only 'bert' models", source, extra.at("model_type").dump());
+  if (problem_type == "multi_label_classification")
+    fail("{}: problem_type 'multi_label_classification' is not supported yet", source);
+  if (!problem_type.empty() && !is_problem_type(problem_type))
+    fail("{}: problem_type '{}' is not one of regression, single_label_classification", source, problem_type);
+}
+
+Activation BertConfig::activation() const {
+  if (hidden_act == "gelu") return Activation::Gelu;
+  if (hidden_act == "gelu_new" || hidden_act == "gelu_pytorch_tanh") return Activation::GeluTanh;
+  if (hidden_act == "relu") return Activation::Relu;
+  fail("hidden_act '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", hidden_act);
+}
+
+std::string BertConfig::resolved_problem_type() const {
+  if (!problem_type.empty()) return problem_type;
+  return num_labels == 1 ? "regression" : "single_label_classification";
+}
+
+namespace {
+
+struct Builtin {
+  const char* name;
+  int layers, hidden, heads, intermediate;
+};
+const Builtin kBuiltins[] = {
+    {"bert-tiny", 2, 128, 2, 512},
+    {"bert-mini", 4, 256, 4, 1024},
+    {"bert-small", 4, 512, 8, 2048},
+    {"bert-medium", 8, 512, 8, 2048},
+    {"bert-base-uncased", 12, 768, 12, 3072},
+    {"bert-large-uncased", 24, 1024, 16, 4096},
+};
+// Hub names of the same models: the small ones are prajjwal1's conversions of Google's
+// checkpoints, which Google publishes under the L/H/A names.
+const std::pair<const char*, const char*> kAliases[] = {
+    {"google-bert/bert-base-uncased", "bert-base-uncased"},
+    {"google-bert/bert-large-uncased", "bert-large-uncased"},
+    {"prajjwal1/bert-tiny", "bert-tiny"},
+    {"prajjwal1/bert-mini", "bert-mini"},
+    {"prajjwal1/bert-small", "bert-small"},
+    {"prajjwal1/bert-medium", "bert-medium"},
+    {"google/bert_uncased_L-2_H-128_A-2", "bert-tiny"},
+    {"google/bert_uncased_L-4_H-256_A-4", "bert-mini"},
+    {"google/bert_uncased_L-4_H-512_A-8", "bert-small"},
+    {"google/bert_uncased_L-8_H-512_A-8", "bert-medium"},
+};
+
+}  // namespace
+
+std::optional<BertConfig> builtin_config(std::string_view name) {
+  for (const auto& [alias, canonical] : kAliases)
+    if (name == alias) name = canonical;
+  for (const Builtin& b : kBuiltins) {
+    if (name != b.name) continue;
+    BertConfig c;  // the remaining fields keep transformers' defaults
+    c.num_hidden_layers = b.layers;
+    c.hidden_size = b.hidden;
+    c.num_attention_heads = b.heads;
+    c.intermediate_size = b.intermediate;
+    return c;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> builtin_config_names() {
+  std::vector<std::string> names;
+  for (const Builtin& b : kBuiltins) names.push_back(b.name);
+  return names;
+}
+
+}  // namespace hone

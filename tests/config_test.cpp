@@ -1,0 +1,354 @@
+#include "hone/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+
+#include "hone/error.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+using nlohmann::json;
+using test::TempDir;
+
+// google-bert/bert-base-uncased's config.json as published on the Hub.
+const char* kBertBaseConfig = R"({
+  "architectures": [
+    "BertForMaskedLM"
+  ],
+  "attention_probs_dropout_prob": 0.1,
+  "gradient_checkpointing": false,
+  "hidden_act": "gelu",
+  "hidden_dropout_prob": 0.1,
+  "hidden_size": 768,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "layer_norm_eps": 1e-12,
+  "max_position_embeddings": 512,
+  "model_type": "bert",
+  "num_attention_heads": 12,
+  "num_hidden_layers": 12,
+  "pad_token_id": 0,
+  "position_embedding_type": "absolute",
+  "transformers_version": "4.6.0.dev0",
+  "type_vocab_size": 2,
+  "use_cache": true,
+  "vocab_size": 30522
+})";
+
+// Runs `f`, which must throw hone::Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+BertConfig parse(const json& j) { return BertConfig::from_json(j, "config.json"); }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Config, ParsesTransformersBertConfig) {
+  BertConfig c = parse(json::parse(kBertBaseConfig));
+  EXPECT_EQ(c.vocab_size, 30522);
+  EXPECT_EQ(c.hidden_size, 768);
+  EXPECT_EQ(c.num_hidden_layers, 12);
+  EXPECT_EQ(c.num_attention_heads, 12);
+  EXPECT_EQ(c.intermediate_size, 3072);
+  EXPECT_EQ(c.hidden_act, "gelu");
+  EXPECT_FLOAT_EQ(c.hidden_dropout_prob, 0.1f);
+  EXPECT_FLOAT_EQ(c.attention_probs_dropout_prob, 0.1f);
+  EXPECT_FLOAT_EQ(c.initializer_range, 0.02f);
+  EXPECT_FLOAT_EQ(c.layer_norm_eps, 1e-12f);
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_EQ(c.type_vocab_size, 2);
+  EXPECT_EQ(c.pad_token_id, 0);
+  EXPECT_FALSE(c.classifier_dropout.has_value());
+  EXPECT_FLOAT_EQ(c.effective_classifier_dropout(), 0.1f);
+  EXPECT_EQ(c.num_labels, 2);
+  EXPECT_EQ(c.id2label, (std::vector<std::string>{"LABEL_0", "LABEL_1"}));
+  EXPECT_EQ(c.head_dim(), 64);
+  EXPECT_EQ(c.activation(), Activation::Gelu);
+  EXPECT_EQ(c.resolved_problem_type(), "single_label_classification");
+  // Unused fields are kept; architectures is rewritten on save.
+  EXPECT_EQ(c.extra, json::parse(R"({"gradient_checkpointing": false, "model_type": "bert",
+                                     "transformers_version": "4.6.0.dev0", "use_cache": true})"));
+  c.validate("config.json");
+}
+
+TEST(Config, ParsesTransformers5Config) {
+  // What transformers 5.17 save_pretrained writes for BertForSequenceClassification.
+  BertConfig c = parse(json::parse(R"({
+    "add_cross_attention": false, "architectures": ["BertForSequenceClassification"],
+    "attention_probs_dropout_prob": 0.1, "bos_token_id": null, "classifier_dropout": null,
+    "dtype": "float32", "eos_token_id": null, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 64, "id2label": {"0": "NEG", "1": "POS", "2": "NEU"}, "initializer_range": 0.02,
+    "intermediate_size": 96, "is_decoder": false, "label2id": null, "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 2,
+    "num_hidden_layers": 1, "pad_token_id": 0, "tie_word_embeddings": true,
+    "transformers_version": "5.17.0", "type_vocab_size": 2, "use_cache": true, "vocab_size": 30522})"));
+  EXPECT_EQ(c.num_labels, 3);
+  EXPECT_EQ(c.id2label, (std::vector<std::string>{"NEG", "POS", "NEU"}));
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_FALSE(c.extra.contains("dtype"));
+  EXPECT_TRUE(c.extra.contains("tie_word_embeddings"));
+  c.validate("config.json");
+  EXPECT_EQ(c.to_json()["label2id"], json::parse(R"({"NEG": 0, "POS": 1, "NEU": 2})"));
+}
+
+TEST(Config, EveryFieldIsOptional) {
+  BertConfig c = parse(json::object());
+  BertConfig d;
+  EXPECT_EQ(c.hidden_size, d.hidden_size);
+  EXPECT_EQ(c.num_labels, 2);
+  EXPECT_EQ(c.id2label.size(), 2u);
+  c.validate("config.json");
+}
+
+TEST(Config, ToJsonWritesWhatTransformersWrites) {
+  json j = parse(json::parse(kBertBaseConfig)).to_json();
+  EXPECT_EQ(j["architectures"], json::array({"BertForSequenceClassification"}));
+  EXPECT_EQ(j["model_type"], "bert");
+  EXPECT_EQ(j["dtype"], "float32");
+  EXPECT_TRUE(j["classifier_dropout"].is_null());
+  EXPECT_EQ(j["id2label"], json::parse(R"({"0": "LABEL_0", "1": "LABEL_1"})"));
+  EXPECT_EQ(j["label2id"], json::parse(R"({"LABEL_0": 0, "LABEL_1": 1})"));
+  EXPECT_FALSE(j.contains("problem_type"));
+  EXPECT_FALSE(j.contains("num_labels"));
+  // Floats as Python prints them, not as their float32 rounding.
+  EXPECT_EQ(j["hidden_dropout_prob"].dump(), "0.1");
+  EXPECT_EQ(j["initializer_range"].dump(), "0.02");
+  EXPECT_EQ(j["layer_norm_eps"].dump(), "1e-12");
+  EXPECT_EQ(j["hidden_size"], 768);
+  EXPECT_EQ(j["position_embedding_type"], "absolute");
+  EXPECT_EQ(j["transformers_version"], "4.6.0.dev0");
+  EXPECT_EQ(j["use_cache"], true);
+  EXPECT_EQ(j["gradient_checkpointing"], false);
+}
+
+TEST(Config, SaveAndLoadRoundTrip) {
+  TempDir dir;
+  std::string path = dir.path + "/config.json";
+  json src = json::parse(kBertBaseConfig);
+  src["hidden_act"] = "gelu_new";
+  src["classifier_dropout"] = 0.25;
+  src["problem_type"] = "single_label_classification";
+  src["id2label"] = {{"0", "NEG"}, {"1", "NEU"}, {"2", "POS"}};
+  src["custom_field"] = {{"nested", json::array({1, 2})}};
+  BertConfig a = parse(src);
+  a.save(path);
+  std::string text = read_text(path);
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_EQ(text.rfind("{\n  \"architectures\": [", 0), 0u);  // sorted keys, indent 2
+
+  BertConfig b = BertConfig::load(path);
+  EXPECT_EQ(b.to_json(), a.to_json());
+  EXPECT_EQ(b.num_labels, 3);
+  EXPECT_EQ(b.id2label, (std::vector<std::string>{"NEG", "NEU", "POS"}));
+  EXPECT_EQ(b.hidden_act, "gelu_new");
+  EXPECT_EQ(b.activation(), Activation::GeluTanh);
+  EXPECT_EQ(b.classifier_dropout, 0.25f);
+  EXPECT_EQ(b.problem_type, "single_label_classification");
+  EXPECT_EQ(b.extra["custom_field"], src["custom_field"]);
+  b.validate(path);
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path)) files.push_back(e.path().filename());
+  EXPECT_EQ(files, std::vector<std::string>{"config.json"});
+}
+
+TEST(Config, Id2LabelGivesNumLabels) {
+  BertConfig c = parse(json::parse(R"({"id2label": {"2": "NEU", "0": "NEG", "1": "POS"}})"));
+  EXPECT_EQ(c.num_labels, 3);
+  EXPECT_EQ(c.id2label, (std::vector<std::string>{"NEG", "POS", "NEU"}));
+  c.validate("config.json");
+
+  BertConfig d = parse(json::parse(
+      R"({"id2label": {"0": "NEG", "1": "POS"}, "label2id": {"POS": 1, "NEG": 0}, "num_labels": 2})"));
+  EXPECT_EQ(d.id2label, (std::vector<std::string>{"NEG", "POS"}));
+
+  BertConfig e = parse(json::parse(R"({"label2id": {"b": 1, "a": 0}})"));
+  EXPECT_EQ(e.num_labels, 2);
+  EXPECT_EQ(e.id2label, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(Config, NumLabelsWithoutId2LabelGivesDefaultNames) {
+  BertConfig c = parse(json::parse(R"({"num_labels": 3})"));
+  EXPECT_EQ(c.id2label, (std::vector<std::string>{"LABEL_0", "LABEL_1", "LABEL_2"}));
+  EXPECT_EQ(c.resolved_problem_type(), "single_label_classification");
+  BertConfig r = parse(json::parse(R"({"num_labels": 1})"));
+  EXPECT_EQ(r.id2label, std::vector<std::string>{"LABEL_0"});
+  EXPECT_EQ(r.resolved_problem_type(), "regression");
+  r.problem_type = "single_label_classification";
+  EXPECT_EQ(r.resolved_problem_type(), "single_label_classification");
+}
+
+TEST(Config, RejectsMalformedLabelMaps) {
+  for (const char* bad : {
+           R"({"id2label": ["NEG", "POS"]})",
+           R"({"id2label": {"0": "NEG", "x": "POS"}})",
+           R"({"id2label": {"0": "NEG", "2": "POS"}})",
+           R"({"id2label": {"0": "NEG", "00": "POS"}})",
+           R"({"id2label": {"0": "NEG", "1": 5}})",
+           R"({"id2label": {"0": "NEG", "1": "POS"}, "label2id": {"NEG": 1, "POS": 0}})",
+           R"({"id2label": {"0": "NEG", "1": "POS"}, "label2id": {"NEG": 0}})",
+           R"({"label2id": {"a": 0, "b": 0}})",
+           R"({"label2id": {"a": "0"}})",
+       }) {
+    SCOPED_TRACE(bad);
+    expect_error([&] { parse(json::parse(bad)); }, {"config.json", "label"});
+  }
+}
+
+TEST(Config, TypeErrorsNameSourceAndField) {
+  expect_error([] { parse(json::parse(R"({"hidden_size": "768"})")); },
+               {"config.json: field 'hidden_size' must be an integer, got string"});
+  expect_error([] { parse(json::parse(R"({"num_hidden_layers": 12.5})")); },
+               {"config.json: field 'num_hidden_layers' must be an integer"});
+  expect_error([] { parse(json::parse(R"({"vocab_size": 1e12})")); }, {"'vocab_size'"});
+  expect_error([] { parse(json::parse(R"({"vocab_size": 10000000000})")); }, {"'vocab_size'", "out of range"});
+  expect_error([] { parse(json::parse(R"({"hidden_dropout_prob": "0.1"})")); },
+               {"config.json: field 'hidden_dropout_prob' must be a number, got string"});
+  expect_error([] { parse(json::parse(R"({"hidden_act": 5})")); },
+               {"config.json: field 'hidden_act' must be a string"});
+  expect_error([] { parse(json::parse(R"({"classifier_dropout": "none"})")); }, {"'classifier_dropout'"});
+  expect_error([] { parse(json::parse(R"({"problem_type": 3})")); }, {"'problem_type'"});
+  expect_error([] { parse(json::parse(R"({"problem_type": "ranking"})")); }, {"'problem_type'", "ranking"});
+  expect_error([] { parse(json::parse(R"({"pad_token_id": null})")); }, {"'pad_token_id'"});
+  expect_error([] { parse(json::parse("[1, 2]")); }, {"config.json", "JSON object"});
+}
+
+TEST(Config, NullableFieldsAcceptNull) {
+  BertConfig c = parse(json::parse(R"({"classifier_dropout": null, "problem_type": null})"));
+  EXPECT_FALSE(c.classifier_dropout.has_value());
+  EXPECT_TRUE(c.problem_type.empty());
+  BertConfig d = parse(json::parse(R"({"classifier_dropout": 0, "problem_type": "regression", "num_labels": 1})"));
+  EXPECT_EQ(d.classifier_dropout, 0.0f);
+  EXPECT_EQ(d.effective_classifier_dropout(), 0.0f);
+  EXPECT_EQ(d.resolved_problem_type(), "regression");
+  d.validate("config.json");
+}
+
+TEST(Config, ValidationErrorsNameSourceAndField) {
+  struct Case {
+    const char* json;
+    std::vector<std::string> parts;
+  };
+  const Case cases[] = {
+      {R"({"vocab_size": 0})", {"vocab_size", "positive"}},
+      {R"({"hidden_size": -8})", {"hidden_size", "positive"}},
+      {R"({"num_hidden_layers": 0})", {"num_hidden_layers"}},
+      {R"({"num_attention_heads": 0})", {"num_attention_heads"}},
+      {R"({"intermediate_size": 0})", {"intermediate_size"}},
+      {R"({"max_position_embeddings": 0})", {"max_position_embeddings"}},
+      {R"({"type_vocab_size": 0})", {"type_vocab_size"}},
+      {R"({"hidden_size": 770})", {"hidden_size (770)", "divisible by num_attention_heads (12)"}},
+      {R"({"pad_token_id": 30522})", {"pad_token_id"}},
+      {R"({"hidden_dropout_prob": 1.0})", {"hidden_dropout_prob", "[0, 1)"}},
+      {R"({"attention_probs_dropout_prob": -0.1})", {"attention_probs_dropout_prob"}},
+      {R"({"classifier_dropout": 1.5})", {"classifier_dropout"}},
+      {R"({"layer_norm_eps": 0})", {"layer_norm_eps"}},
+      {R"({"num_labels": 0})", {"num_labels"}},
+      {R"({"num_labels": 3, "id2label": {"0": "a", "1": "b"}})", {"num_labels is 3", "id2label has 2"}},
+      {R"({"hidden_act": "swish"})", {"'swish'", "gelu, gelu_new, gelu_pytorch_tanh, relu"}},
+      {R"({"position_embedding_type": "relative_key"})", {"'relative_key'", "not supported"}},
+      {R"({"model_type": "roberta"})", {"model_type", "roberta"}},
+      {R"({"problem_type": "multi_label_classification"})", {"multi_label_classification", "not supported yet"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.json);
+    BertConfig cfg = parse(json::parse(c.json));
+    try {
+      cfg.validate("/models/x/config.json");
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("/models/x/config.json"), std::string::npos) << msg;
+      for (const auto& p : c.parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    }
+  }
+}
+
+TEST(Config, ActivationNames) {
+  BertConfig c;
+  for (auto [name, act] : {std::pair{"gelu", Activation::Gelu}, std::pair{"gelu_new", Activation::GeluTanh},
+                           std::pair{"gelu_pytorch_tanh", Activation::GeluTanh}, std::pair{"relu", Activation::Relu}}) {
+    c.hidden_act = name;
+    EXPECT_EQ(c.activation(), act) << name;
+    c.validate("config.json");
+  }
+}
+
+TEST(Config, LoadErrorsNameThePath) {
+  TempDir dir;
+  std::string missing = dir.path + "/absent/config.json";
+  expect_error([&] { BertConfig::load(missing); }, {"cannot read config.json at " + missing});
+  std::string bad = dir.path + "/config.json";
+  std::ofstream(bad) << "{\"hidden_size\": 768,";
+  expect_error([&] { BertConfig::load(bad); }, {bad, "invalid JSON"});
+  std::ofstream(bad) << R"({"hidden_size": "big"})";
+  expect_error([&] { BertConfig::load(bad); }, {bad + ": field 'hidden_size' must be an integer"});
+  expect_error([&] { BertConfig::load(dir.path); }, {"cannot read config.json at " + dir.path});
+}
+
+TEST(Config, BuiltinConfigs) {
+  struct Sizes {
+    const char* name;
+    int layers, hidden, heads, intermediate;
+  };
+  const Sizes sizes[] = {
+      {"bert-tiny", 2, 128, 2, 512},           {"bert-mini", 4, 256, 4, 1024},
+      {"bert-small", 4, 512, 8, 2048},         {"bert-medium", 8, 512, 8, 2048},
+      {"bert-base-uncased", 12, 768, 12, 3072}, {"bert-large-uncased", 24, 1024, 16, 4096},
+  };
+  std::vector<std::string> names;
+  for (const Sizes& s : sizes) {
+    SCOPED_TRACE(s.name);
+    names.push_back(s.name);
+    auto c = builtin_config(s.name);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_EQ(c->num_hidden_layers, s.layers);
+    EXPECT_EQ(c->hidden_size, s.hidden);
+    EXPECT_EQ(c->num_attention_heads, s.heads);
+    EXPECT_EQ(c->intermediate_size, s.intermediate);
+    EXPECT_EQ(c->vocab_size, 30522);
+    EXPECT_EQ(c->max_position_embeddings, 512);
+    EXPECT_EQ(c->type_vocab_size, 2);
+    EXPECT_EQ(c->hidden_act, "gelu");
+    EXPECT_EQ(c->num_labels, 2);
+    EXPECT_EQ(c->id2label.size(), 2u);
+    c->validate(s.name);
+  }
+  EXPECT_EQ(builtin_config_names(), names);
+  EXPECT_EQ(builtin_config("google-bert/bert-base-uncased")->hidden_size, 768);
+  EXPECT_EQ(builtin_config("google-bert/bert-large-uncased")->hidden_size, 1024);
+  EXPECT_EQ(builtin_config("prajjwal1/bert-tiny")->hidden_size, 128);
+  EXPECT_EQ(builtin_config("prajjwal1/bert-medium")->num_hidden_layers, 8);
+  EXPECT_EQ(builtin_config("google/bert_uncased_L-4_H-256_A-4")->hidden_size, 256);
+  EXPECT_FALSE(builtin_config("bert-huge").has_value());
+  EXPECT_FALSE(builtin_config("").has_value());
+}
+
+TEST(Config, BertLargeHasTheKnownParameterCount) {
+  BertConfig c = *builtin_config("bert-large-uncased");
+  const int64_t V = c.vocab_size, P = c.max_position_embeddings, T = c.type_vocab_size;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, L = c.num_hidden_layers, N = c.num_labels;
+  const int64_t embeddings = V * H + P * H + T * H + 2 * H;
+  const int64_t layer = 4 * (H * H + H) + 2 * H * I + I + H + 4 * H;
+  const int64_t pooler = H * H + H;
+  const int64_t classifier = N * H + N;
+  EXPECT_EQ(embeddings + L * layer + pooler + classifier, 335143938);
+}
+
+}  // namespace
+}  // namespace hone
