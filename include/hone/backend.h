@@ -29,8 +29,10 @@ struct AttentionDims {
   int hidden() const { return heads * head_dim; }
 };
 
+// Hyper-parameters in double, as torch takes them from Python floats (1 - beta2 in
+// float would be off by 1e-5 relative).
 struct AdamWStep {
-  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1-based, for bias correction
 };
 

@@ -66,7 +66,8 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
   const float decay = float(1.0 - lr * s.weight_decay);
   const float step_size = float(lr / (1.0 - std::pow(double(s.beta1), double(s.step))));
   const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
-  const float w1 = float(1.0 - double(s.beta1)), w2 = float(1.0 - double(s.beta2));
+  const float w1 = float(1.0 - s.beta1), w2 = float(1.0 - s.beta2), b2 = float(s.beta2);
+  const float eps = float(s.eps);
   const float clip = norm_coef.f32()[1];
   float *pp = param.f32(), *mp = m.f32(), *vp = v.f32();
   const float* gp = grad.f32();
@@ -76,8 +77,8 @@ void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, 
     const float g = gp[i] * clip;
     pp[i] *= decay;
     mp[i] += w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
-    vp[i] = vp[i] * s.beta2 + w2 * g * g;
-    const float denom = std::sqrt(vp[i]) / bias2_sqrt + s.eps;
+    vp[i] = vp[i] * b2 + w2 * g * g;
+    const float denom = std::sqrt(vp[i]) / bias2_sqrt + eps;
     pp[i] -= step_size * (mp[i] / denom);
   }
 }

@@ -138,9 +138,8 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_);
   // Two contiguous groups: [0, decayed) takes weight decay, the rest (biases, LayerNorm) not.
   const int64_t n = model_->layout().count(), nd = model_->layout().decayed_count();
-  AdamWStep s{float(lr), float(args_.adam_beta1), float(args_.adam_beta2), float(args_.adam_epsilon),
-              float(args_.weight_decay), step};
-  for (auto [lo, hi, wd] : {std::tuple{int64_t(0), nd, s.weight_decay}, std::tuple{nd, n, 0.0f}}) {
+  AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step};
+  for (auto [lo, hi, wd] : {std::tuple{int64_t(0), nd, s.weight_decay}, std::tuple{nd, n, 0.0}}) {
     if (lo == hi) continue;
     Tensor p = weights.rows(lo, hi), g = grads.rows(lo, hi), m = adam_m_.rows(lo, hi), v = adam_v_.rows(lo, hi);
     AdamWStep group = s;
@@ -178,6 +177,8 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const Dataset& 
   int64_t step = 0, micro_total = 0, last_logged = 0, tokens = 0;
   double loss_since_log = 0, total_loss = 0, epoch_progress = 0;
   auto log = [&](double loss_sum) {
+    if (!std::isfinite(loss_sum))
+      fail("the loss became {} by update {}: training diverged (try a lower --learning_rate)", loss_sum, step);
     loss_since_log += loss_sum;
     nlohmann::ordered_json e;
     e["loss"] = loss_since_log / double(step - last_logged);
@@ -212,7 +213,10 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const Dataset& 
       if (step % a.logging_steps == 0 || (step == 1 && a.logging_first_step)) log(run.take_loss_sum());
     }
   }
-  loss_since_log += run.take_loss_sum();
+  const double rest = run.take_loss_sum();
+  if (!std::isfinite(rest))
+    fail("the loss became {} by update {}: training diverged (try a lower --learning_rate)", rest, step);
+  loss_since_log += rest;
   total_loss += loss_since_log;
 
   TrainMetrics m;

@@ -1,0 +1,70 @@
+#include "cli/report.h"
+
+#include <fmt/format.h>
+
+namespace hone::cli {
+
+std::string python_dict(const nlohmann::ordered_json& j) {
+  std::string s = "{";
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it != j.begin()) s += ", ";
+    s += "'" + it.key() + "': ";
+    const auto& v = it.value();
+    if (v.is_number_float()) {  // as Python's repr: 1.0, not 1
+      std::string f = fmt::format("{}", v.get<double>());
+      if (f.find_first_of(".en") == std::string::npos) f += ".0";
+      s += f;
+    } else if (v.is_string()) {
+      s += "'" + v.get<std::string>() + "'";
+    } else {
+      s += v.dump();
+    }
+  }
+  return s + "}";
+}
+
+std::string with_commas(uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* measured) {
+  const auto unshared = plan.unshared_bytes();
+  std::string s = fmt::format("  {:<16} {:>15} {:>10} {:>12} {:>15}{}\n", "category", "planned bytes", "MiB",
+                              "bytes/param", "without reuse", measured ? fmt::format(" {:>15}", "measured bytes") : "");
+  size_t total_measured = 0;
+  for (int c = 0; c < kNumCategories; ++c) {
+    const size_t b = plan.category_bytes[c];
+    s += fmt::format("  {:<16} {:>15} {:>10.1f} {:>12.2f} {:>15}", category_name(Category(c)), with_commas(b),
+                     double(b) / (1 << 20), double(b) / double(params), with_commas(unshared[c]));
+    if (measured) {
+      s += fmt::format(" {:>15}", with_commas(measured[c]));
+      total_measured += measured[c];
+    }
+    s += "\n";
+  }
+  size_t total_unshared = 0;
+  for (size_t u : unshared) total_unshared += u;
+  s += fmt::format("  {:<16} {:>15} {:>10.1f} {:>12.2f} {:>15}", "total", with_commas(plan.total_bytes()),
+                   double(plan.total_bytes()) / (1 << 20), double(plan.total_bytes()) / double(params),
+                   with_commas(total_unshared));
+  if (measured) s += fmt::format(" {:>15}", with_commas(total_measured));
+  return s + "\n";
+}
+
+std::string buffer_list(const MemoryPlan& plan) {
+  static const char* phases[] = {"setup", "micro-step", "optimizer"};
+  std::string s = fmt::format("  {:<16} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
+                              "bytes", "offset", "taken", "freed");
+  for (const auto& b : plan.buffers)
+    s += fmt::format("  {:<16} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", category_name(b.category), b.label(),
+                     phases[int(b.phase)], with_commas(b.bytes), with_commas(b.offset), b.first,
+                     b.last == INT64_MAX ? std::string("-") : std::to_string(b.last));
+  return s;
+}
+
+}  // namespace hone::cli

@@ -1,0 +1,331 @@
+// The memory plan against the run, the step loop's bookkeeping, and model files.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <new>
+
+#include "hone/cpu_backend.h"
+#include "hone/safetensors.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+#include "test_util.h"
+
+// Counts every operator new of the test binary, to prove the step loop allocates nothing.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // new and delete both use malloc/free here
+static std::atomic<int64_t> g_news{0};
+void* operator new(size_t n) {
+  ++g_news;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace hone {
+namespace {
+
+BertConfig small_config(int labels = 2) {
+  BertConfig c;
+  c.vocab_size = 30522;
+  c.hidden_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 40;
+  c.max_position_embeddings = 32;
+  c.num_labels = labels;
+  c.id2label.clear();
+  for (int i = 0; i < labels; ++i) c.id2label.push_back("LABEL_" + std::to_string(i));
+  return c;
+}
+
+TrainingArguments small_args(int batch) {
+  TrainingArguments a;
+  a.per_device_train_batch_size = batch;
+  a.dataset = "synthetic:16x16";
+  a.learning_rate = 1e-3;
+  return a;
+}
+
+struct Rows {
+  std::vector<int32_t> ids, mask, types;
+  std::vector<float> labels;
+  Rows(int batch, int seq, uint64_t seed) {
+    SyntheticDataset d(batch, seq, seed, false);
+    ids.resize(size_t(batch * seq));
+    mask.resize(ids.size());
+    types.resize(ids.size());
+    labels.resize(size_t(batch));
+    for (int b = 0; b < batch; ++b) {
+      d.example(b, &ids[size_t(b * seq)], &mask[size_t(b * seq)], &types[size_t(b * seq)], &labels[size_t(b)]);
+      labels[size_t(b)] = float(b % 2);
+      for (int t = seq - b; t < seq; ++t) mask[size_t(b * seq + t)] = 0;  // some padding
+    }
+  }
+};
+
+TEST(MemoryPlanOfRun, EstimateEqualsPlanEqualsAllocation) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  const TrainingArguments a = small_args(4);
+  MemoryPlan estimate = TrainingRun::plan(a, c, 16, be);
+  TrainingRun run(a, c, 16, be);
+  const int64_t params = run.model().layout().count();
+  for (int k = 0; k < kNumCategories; ++k) {
+    const Category cat = Category(k);
+    EXPECT_EQ(estimate.category_bytes[k], run.memory().plan().category_bytes[k]) << category_name(cat);
+    EXPECT_EQ(run.memory().arena_bytes(cat), estimate.category_bytes[k]) << category_name(cat);
+  }
+  auto aligned = [](int64_t bytes) { return size_t((bytes + 255) / 256 * 256); };
+  EXPECT_EQ(estimate.category_bytes[size_t(Category::Weights)], aligned(4 * params));
+  EXPECT_EQ(estimate.category_bytes[size_t(Category::Gradients)], aligned(4 * params));
+  EXPECT_EQ(estimate.category_bytes[size_t(Category::OptimizerState)], 2 * aligned(4 * params));
+  // Saved activations: per layer qkv (3H), context, two residual sums, attention output
+  // (H each), FFN pre-activation (I), layer output (H), probabilities (heads x S x S) and
+  // four LayerNorm statistics per token, for B x S tokens; buffers are 256-byte aligned.
+  const int64_t B = 4, S = 16, T = B * S, H = 24, I = 40;
+  size_t layer = aligned(4 * T * 3 * H) + aligned(4 * B * 2 * S * S) + 5 * aligned(4 * T * H) + aligned(4 * T * I) +
+                 4 * aligned(4 * T);
+  size_t saved = 2 * layer + 2 * aligned(4 * T * H) + 2 * aligned(4 * T) + 3 * aligned(4 * B * H) +
+                 3 * aligned(4 * T) + aligned(4 * B);  // embeddings, head, inputs
+  EXPECT_EQ(estimate.unshared_bytes()[size_t(Category::Activations)], saved);
+  // Sharing: the plan costs less than its buffers laid end to end.
+  EXPECT_LT(estimate.category_bytes[size_t(Category::Workspace)],
+            estimate.unshared_bytes()[size_t(Category::Workspace)]);
+}
+
+TEST(MemoryPlanOfRun, StepTakesNoMemoryAndLiveBuffersNeverOverlap) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingRun run(small_args(4), c, 16, be);
+  init_weights(c, run.model().layout(), run.host_weights(), 1);
+  Rows r(4, 16, 3);
+  run.memory().set_check_overlaps(true);
+  run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 0);  // warm-up
+  run.optimizer_step(1e-3, 1);
+  run.memory().set_check_overlaps(false);
+  const int64_t arenas = Arena::allocation_count(), news = g_news.load();
+  for (int step = 1; step < 4; ++step) {
+    run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 0.5f, uint64_t(2 * step));
+    run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 3, 0.5f, uint64_t(2 * step + 1));
+    run.optimizer_step(1e-3, step + 1);
+  }
+  EXPECT_EQ(Arena::allocation_count() - arenas, 0);
+  EXPECT_EQ(g_news.load() - news, 0);
+}
+
+TEST(TrainerLoop, StepCountsFollowTrainer) {
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.num_train_epochs = 1;
+  StepCounts s = count_steps(a, 512);
+  EXPECT_EQ(s.total_updates, 128);
+  EXPECT_EQ(s.num_train_samples, 512);
+  a.gradient_accumulation_steps = 3;  // 128 micro-batches: 42 windows of 3 and one of 2
+  s = count_steps(a, 512);
+  EXPECT_EQ(s.updates_per_epoch, 43);
+  a.per_device_train_batch_size = 5;  // the last batch holds 2 rows
+  a.gradient_accumulation_steps = 1;
+  a.num_train_epochs = 2.5;
+  s = count_steps(a, 512);
+  EXPECT_EQ(s.micro_per_epoch, 103);
+  EXPECT_EQ(s.total_updates, 258);  // ceil(2.5 * 103)
+  EXPECT_EQ(s.epochs, 3);
+  a.max_steps = 7;
+  s = count_steps(a, 512);
+  EXPECT_EQ(s.total_updates, 7);
+  EXPECT_EQ(s.num_train_samples, 35);
+}
+
+// Two micro-batches of 2 with grad_scale 1/2 give the gradients of one batch of 4.
+TEST(TrainerLoop, GradientAccumulationAveragesLikeOneBigBatch) {
+  CpuBackend be;
+  BertConfig c = small_config(3);
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  Rows r(4, 16, 5);
+  r.labels = {0, 2, 1, 2};
+  TrainingRun big(small_args(4), c, 16, be), acc(small_args(2), c, 16, be);
+  init_weights(c, big.model().layout(), big.host_weights(), 7);
+  init_weights(c, acc.model().layout(), acc.host_weights(), 7);
+  big.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 0);
+  acc.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 2, 0.5f, 0);
+  acc.micro_step(r.ids.data() + 32, r.mask.data() + 32, r.types.data() + 32, r.labels.data() + 2, 2, 0.5f, 1);
+  EXPECT_NEAR(big.take_loss_sum(), acc.take_loss_sum(), 1e-6);
+  const int64_t n = big.model().layout().count();
+  EXPECT_LT(test::norm_rel_error(acc.model().grads().f32(), big.model().grads().f32(), n), 1e-5);
+}
+
+TEST(TrainerLoop, DropoutIsReproducibleAndChangesEachStep) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  Rows r(4, 16, 9);
+  TrainingRun run(small_args(4), c, 16, be);
+  init_weights(c, run.model().layout(), run.host_weights(), 1);
+  auto loss = [&](uint64_t step) {
+    run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, step);
+    return run.take_loss_sum();
+  };
+  const double a = loss(0), b = loss(0), other = loss(1);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);
+}
+
+TEST(TrainerLoop, LearnsAndLogsLikeTrainer) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingArguments a = small_args(4);
+  a.num_train_epochs = 3;
+  a.logging_steps = 4;
+  a.warmup_steps = 2;
+  a.learning_rate = 1e-2;
+  TrainingRun run(a, c, 16, be);
+  init_weights(c, run.model().layout(), run.host_weights(), a.seed);
+  std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, false);
+  std::vector<nlohmann::ordered_json> logs;
+  int64_t steps = 0;
+  TrainCallbacks cb;
+  cb.on_step = [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 12);
+    steps = done;
+  };
+  cb.on_log = [&](const nlohmann::ordered_json& e) { logs.push_back(e); };
+  TrainMetrics m = train(run, a, *data, cb);
+  EXPECT_EQ(steps, 12);
+  EXPECT_EQ(m.global_step, 12);
+  ASSERT_EQ(logs.size(), 3u);
+  EXPECT_EQ(logs[0]["step"], 4);
+  EXPECT_DOUBLE_EQ(logs[2]["epoch"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(logs[0]["learning_rate"].get<double>(), 1e-2 * 8.0 / 10.0);  // linear decay after step 4
+  // All labels are 0 (the seed's data): the loss must fall well below log(2).
+  EXPECT_LT(logs[2]["loss"].get<double>(), 0.5 * logs[0]["loss"].get<double>());
+  double mean = 0;
+  for (const auto& e : logs) mean += e["loss"].get<double>() / 3;
+  EXPECT_NEAR(m.train_loss, mean, 1e-6);  // equal windows: train_loss is the mean of the logged losses
+  EXPECT_DOUBLE_EQ(m.train_samples_per_second, 48 / m.train_runtime);
+}
+
+TEST(TrainerLoop, DivergenceIsAnErrorNotANumber) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingArguments a = small_args(4);
+  a.learning_rate = 1e30;
+  a.max_grad_norm = 0;
+  a.logging_steps = 1;
+  TrainingRun run(a, c, 16, be);
+  init_weights(c, run.model().layout(), run.host_weights(), 1);
+  std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, false);
+  try {
+    train(run, a, *data, {});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("diverged"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- model files
+
+TEST(ModelFiles, SaveThenLoadIsBitExact) {
+  test::TempDir dir;
+  const BertConfig c = small_config(3);
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count())), back(w.size(), -1.0f);
+  init_weights(c, layout, w.data(), 11);
+  save_pretrained(dir.path, c, layout, w.data());
+  ModelSource src = resolve_model(dir.path);
+  EXPECT_EQ(src.config.num_labels, 3);
+  LoadReport r = load_weights(src.weights_path, src.config, layout, back.data(), 0);
+  EXPECT_TRUE(r.initialized.empty());
+  EXPECT_TRUE(r.unused.empty());
+  EXPECT_EQ(std::memcmp(w.data(), back.data(), w.size() * 4), 0);
+}
+
+TEST(ModelFiles, InitIsHuggingFaceStyle) {
+  const BertConfig c = small_config();
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 3);
+  const ParamEntry& word = layout.at("bert.embeddings.word_embeddings.weight");
+  for (int i = 0; i < c.hidden_size; ++i) EXPECT_EQ(w[size_t(word.offset + i)], 0.0f);  // padding row
+  double sum = 0, sq = 0;
+  const int64_t n = word.shape.numel() - c.hidden_size;
+  for (int64_t i = c.hidden_size; i < word.shape.numel(); ++i) {
+    sum += w[size_t(word.offset + i)];
+    sq += double(w[size_t(word.offset + i)]) * w[size_t(word.offset + i)];
+  }
+  EXPECT_NEAR(sum / double(n), 0.0, 1e-3);
+  EXPECT_NEAR(std::sqrt(sq / double(n)), c.initializer_range, 1e-3);
+  EXPECT_EQ(w[size_t(layout.at("bert.encoder.layer.0.output.LayerNorm.weight").offset)], 1.0f);
+  EXPECT_EQ(w[size_t(layout.at("classifier.bias").offset)], 0.0f);
+}
+
+// A BertModel-style checkpoint: no "bert." prefix, legacy gamma/beta, no pooler or
+// classifier, plus pre-training heads the classifier does not use.
+TEST(ModelFiles, LoadsBaseModelCheckpointsAndReportsWhatItInitialised) {
+  test::TempDir dir;
+  const BertConfig c = small_config();
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 5);
+  std::vector<NamedTensor> tensors;
+  std::vector<float> extra(7, 1.0f);
+  for (const ParamEntry& e : layout.entries()) {
+    if (e.name.rfind("bert.", 0) != 0 || e.name.find("pooler") != std::string::npos) continue;
+    std::string name = e.name.substr(5);
+    if (name.find("LayerNorm.weight") != std::string::npos) name.replace(name.size() - 6, 6, "gamma");
+    if (name.find("LayerNorm.bias") != std::string::npos) name.replace(name.size() - 4, 4, "beta");
+    tensors.push_back({name, Tensor{w.data() + e.offset, DType::F32, e.shape, Device::CPU}});
+  }
+  tensors.push_back({"cls.predictions.bias", Tensor{extra.data(), DType::F32, {7}, Device::CPU}});
+  const std::string path = dir.path + "/model.safetensors";
+  write_safetensors(path, tensors);
+  std::vector<float> back(w.size());
+  LoadReport r = load_weights(path, c, layout, back.data(), 5);
+  EXPECT_EQ(r.initialized, (std::vector<std::string>{"bert.pooler.dense.weight", "bert.pooler.dense.bias",
+                                                      "classifier.weight", "classifier.bias"}));
+  EXPECT_EQ(r.unused, std::vector<std::string>{"cls.predictions.bias"});
+  const ParamEntry& q = layout.at("bert.encoder.layer.1.attention.self.query.weight");
+  EXPECT_EQ(std::memcmp(w.data() + q.offset, back.data() + q.offset, size_t(q.shape.numel()) * 4), 0);
+  const ParamEntry& ln = layout.at("bert.embeddings.LayerNorm.weight");
+  EXPECT_EQ(back[size_t(ln.offset)], w[size_t(ln.offset)]);
+}
+
+TEST(ModelFiles, WrongShapeNamesFileAndTensor) {
+  test::TempDir dir;
+  const BertConfig c = small_config();
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  std::vector<NamedTensor> tensors;
+  for (const ParamEntry& e : layout.entries()) {
+    Shape s = e.shape;
+    if (e.name == "classifier.weight") s = {3, c.hidden_size};  // a 3-label head for a 2-label config
+    if (s.numel() > e.shape.numel()) continue;
+    tensors.push_back({e.name, Tensor{w.data() + e.offset, DType::F32, s, Device::CPU}});
+  }
+  std::vector<float> head(size_t(3 * c.hidden_size));
+  tensors.back() = {"classifier.weight", Tensor{head.data(), DType::F32, {3, c.hidden_size}, Device::CPU}};
+  const std::string path = dir.path + "/model.safetensors";
+  write_safetensors(path, tensors);
+  try {
+    load_weights(path, c, layout, w.data(), 0);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("classifier.weight"), std::string::npos) << m;
+    EXPECT_NE(m.find("[3, 24]"), std::string::npos) << m;
+  }
+}
+
+TEST(ModelFiles, UnknownModelNameListsBuiltins) {
+  try {
+    resolve_model("/no/such/dir");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bert-large-uncased"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hone
