@@ -6,6 +6,9 @@ namespace hone {
 
 class CpuBackend final : public Backend {
  public:
+  // Makes BLAS single-threaded: the ops split work across OpenMP threads themselves, and
+  // two thread pools spinning on the same cores slow each other down several-fold.
+  CpuBackend();
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
 

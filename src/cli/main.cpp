@@ -1,6 +1,5 @@
 // The hone executable: `hone train` and `hone estimate`.
 #include <CLI/CLI.hpp>
-#include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -30,10 +29,7 @@ std::string describe(const BertConfig& c, int64_t params) {
 // The only backend of a CPU build; --device cuda arrives with the CUDA backend.
 CpuBackend make_backend(const TrainingArguments& a) {
   if (a.device == "cuda") fail("--device cuda: this build of hone has no CUDA backend; use --device cpu");
-  if (a.threads > 0) {
-    omp_set_num_threads(a.threads);
-    openblas_set_num_threads(a.threads);
-  }
+  if (a.threads > 0) omp_set_num_threads(a.threads);
   return CpuBackend{};
 }
 

@@ -8,14 +8,14 @@ std::string python_dict(const nlohmann::ordered_json& j) {
   std::string s = "{";
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it != j.begin()) s += ", ";
-    s += "'" + it.key() + "': ";
+    s += fmt::format("'{}': ", it.key());
     const auto& v = it.value();
     if (v.is_number_float()) {  // as Python's repr: 1.0, not 1
       std::string f = fmt::format("{}", v.get<double>());
       if (f.find_first_of(".en") == std::string::npos) f += ".0";
       s += f;
     } else if (v.is_string()) {
-      s += "'" + v.get<std::string>() + "'";
+      s += fmt::format("'{}'", v.get<std::string>());
     } else {
       s += v.dump();
     }

@@ -2,6 +2,7 @@
 // slices are read in place from qkv (leading dimension 3H); one (batch, head) pair at a
 // time, so that BLAS threads each product and the scratch stays at a few [S, S] blocks.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -78,8 +79,10 @@ void masked_softmax_row(float* row, const int32_t* mask, int n) {
 
 }  // namespace
 
+// Heads run in parallel, one per thread, each with its own scratch: the dropped probs
+// and the score gradient of one head.
 int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d) const {
-  return 2 * int64_t(d.seq) * d.seq;  // dropped probs and the score gradient of one head
+  return int64_t(omp_get_max_threads()) * 2 * int64_t(d.seq) * d.seq;
 }
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
@@ -91,17 +94,18 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
   const int32_t* maskp = mask.ptr<int32_t>();
   float* probsp = probs.f32();
   float* ctxp = ctx.f32();
-  float* dropped = workspace.f32();  // [S, S]
-  for (int b = 0; b < d.batch; ++b) {
+#pragma omp parallel for schedule(dynamic)
+  for (int bh = 0; bh < d.batch * d.heads; ++bh) {
+    const int b = bh / d.heads, h = bh % d.heads;
+    float* dropped = workspace.f32() + int64_t(omp_get_thread_num()) * 2 * S * S;  // [S, S]
     const int32_t* m = maskp + int64_t(b) * S;
-    for (int h = 0; h < d.heads; ++h) {
+    {
       const float* q = qkvp + int64_t(b) * S * ld + h * hd;
       const float* k = q + H;
       const float* v = q + 2 * H;
       const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;  // flat index of probs[b, h, 0, 0]
       float* p = probsp + base;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, d.scale, q, ld, k, ld, 0.0f, p, S);
-#pragma omp parallel for schedule(static)
       for (int i = 0; i < S; ++i) {
         float* row = p + int64_t(i) * S;
         masked_softmax_row(row, m, S);
@@ -127,10 +131,12 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
   const float* dctxp = dctx.f32();
   const float* probsp = probs.f32();
   float* dqkvp = dqkv.f32();
-  float* dropped = workspace.f32();           // [S, S]
-  float* dscores = dropped + int64_t(S) * S;  // [S, S]
-  for (int b = 0; b < d.batch; ++b) {
-    for (int h = 0; h < d.heads; ++h) {
+#pragma omp parallel for schedule(dynamic)
+  for (int bh = 0; bh < d.batch * d.heads; ++bh) {
+    const int b = bh / d.heads, h = bh % d.heads;
+    float* dropped = workspace.f32() + int64_t(omp_get_thread_num()) * 2 * S * S;  // [S, S]
+    float* dscores = dropped + int64_t(S) * S;                                     // [S, S]
+    {
       const int64_t off = int64_t(b) * S * ld + h * hd;
       const float* q = qkvp + off;
       const float* k = q + H;
@@ -143,7 +149,6 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
       const float* p = probsp + base;
       // d(dropped probs) = dctx V^T
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, S);
-#pragma omp parallel for schedule(static)
       for (int i = 0; i < S; ++i) {
         const float* prow = p + int64_t(i) * S;
         float* g = dscores + int64_t(i) * S;

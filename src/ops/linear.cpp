@@ -1,5 +1,6 @@
 // Fully connected layer; w is [N, K] as in torch.nn.Linear.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -51,18 +52,34 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
 
 }  // namespace ops
 
+namespace {
+
+// OpenMP owns the cores and BLAS runs single-threaded (see CpuBackend's constructor): a
+// product is split into one block of output rows per thread.
+template <typename Fn>
+void split_rows(int rows, Fn&& fn) {
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int lo = int(int64_t(rows) * t / nt), hi = int(int64_t(rows) * (t + 1) / nt);
+    if (hi > lo) fn(lo, hi);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const int m = int(x.shape[0]), k = int(x.shape[1]), n = int(w.shape[0]);
   float* yp = y.f32();
-  float beta = 0.0f;
-  if (b) {
+  const float* xp = x.f32();
+  const float* bp = b ? b->f32() : nullptr;
+  split_rows(m, [&](int lo, int hi) {
     // Start from the bias in every row and let the product add to it.
-    const float* bp = b->f32();
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < m; ++i) std::copy(bp, bp + n, yp + int64_t(i) * n);
-    beta = 1.0f;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x.f32(), k, w.f32(), k, beta, yp, n);
+    if (bp)
+      for (int i = lo; i < hi; ++i) std::copy(bp, bp + n, yp + int64_t(i) * n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, n, k, 1.0f, xp + int64_t(lo) * k, k, w.f32(), k,
+                bp ? 1.0f : 0.0f, yp + int64_t(lo) * n, n);
+  });
 }
 
 void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
@@ -70,9 +87,15 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
   const int m = int(x.shape[0]), k = int(x.shape[1]), n = int(w.shape[0]);
   const float* dyp = dy.f32();
   if (dx)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, k, n, 1.0f, dyp, n, w.f32(), k,
-                accumulate_dx ? 1.0f : 0.0f, dx->f32(), k);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, k, m, 1.0f, dyp, n, x.f32(), k, 1.0f, dw.f32(), k);
+    split_rows(m, [&](int lo, int hi) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, k, n, 1.0f, dyp + int64_t(lo) * n, n, w.f32(),
+                  k, accumulate_dx ? 1.0f : 0.0f, dx->f32() + int64_t(lo) * k, k);
+    });
+  // dw rows [lo, hi) take columns [lo, hi) of dy.
+  split_rows(n, [&](int lo, int hi) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, k, m, 1.0f, dyp + lo, n, x.f32(), k, 1.0f,
+                dw.f32() + int64_t(lo) * k, k);
+  });
   if (!db) return;
   // Column sums, one block of columns per iteration so that rows are read contiguously.
   constexpr int kBlock = 64;

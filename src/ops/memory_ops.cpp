@@ -1,4 +1,6 @@
 // fill, copy, read.
+#include <cblas.h>
+
 #include <cstring>
 
 #include "hone/cpu_backend.h"
@@ -24,6 +26,8 @@ void copy(Backend& be, const Tensor& src, Tensor& dst) {
 }
 
 }  // namespace ops
+
+CpuBackend::CpuBackend() { openblas_set_num_threads(1); }
 
 void CpuBackend::fill(Tensor& x, float value) {
   float* p = x.f32();
