@@ -1,0 +1,25 @@
+# Front door: `make demo` and `make test` install what is missing, configure and build.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+DEMO_ARGS ?= --model_name_or_path bert-tiny --dataset synthetic:512x128 --per_device_train_batch_size 8 \
+             --num_train_epochs 1 --logging_steps 16 --output_dir out/demo
+
+.PHONY: deps build test demo clean
+
+deps:
+	@bash tools/install-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure
+
+demo: build
+	$(BUILD)/hone train $(DEMO_ARGS)
+
+clean:
+	rm -rf $(BUILD) out

@@ -1,0 +1,114 @@
+// The hone executable as a user runs it: outputs, files, and clear errors with a
+// non-zero exit for bad input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include "hone/safetensors.h"
+#include "hone/weights.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+struct Result {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Result hone(const std::string& args) {
+  const std::string cmd = std::string("OMP_NUM_THREADS=1 ") + HONE_BINARY + " " + args + " 2>&1";
+  std::FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A small model directory as transformers would write it.
+std::string write_model(const std::string& dir, int vocab = 30522) {
+  BertConfig c = *builtin_config("bert-tiny");
+  c.vocab_size = vocab;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.max_position_embeddings = 64;
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 1);
+  save_pretrained(dir, c, layout, w.data());
+  return dir;
+}
+
+TEST(Cli, TrainsAndWritesWhatTrainerWrites) {
+  test::TempDir tmp;
+  const std::string model = write_model(tmp.path + "/model"), out = tmp.path + "/out";
+  Result r = hone("train --model_name_or_path " + model +
+                  " --dataset synthetic:16x16 --per_device_train_batch_size 4 --num_train_epochs 1 --logging_steps 2"
+                  " --output_dir " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* key : {"'train_runtime': ", "'train_samples_per_second': ", "'train_steps_per_second': ",
+                          "'train_loss': ", "'epoch': 1.0}", "'grad_norm': ", "'learning_rate': "})
+    EXPECT_TRUE(has(r.out, key)) << key << "\n" << r.out;
+  std::ifstream results(out + "/train_results.json");
+  nlohmann::json j = nlohmann::json::parse(results);
+  EXPECT_EQ(j["epoch"], 1.0);
+  EXPECT_GT(j["train_samples_per_second"].get<double>(), 0);
+  std::ifstream log(out + "/trainer_log.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(log, line); ++lines) EXPECT_TRUE(nlohmann::json::parse(line).contains("loss"));
+  EXPECT_EQ(lines, 2);  // 4 updates, logged every 2
+  SafetensorsFile saved(out + "/model.safetensors");
+  EXPECT_NE(saved.find("classifier.weight"), nullptr);
+  EXPECT_EQ(BertConfig::load(out + "/config.json").hidden_size, 32);
+  EXPECT_TRUE(has(r.out, "memory anatomy")) << r.out;
+}
+
+TEST(Cli, EstimatePrintsTheAnatomyOfTheSeedRun) {
+  Result r = hone("estimate --model_name_or_path bert-large-uncased --per_device_train_batch_size 4");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "parameters: 335,143,938")) << r.out;
+  for (const char* c : {"weights", "gradients", "optimizer state", "activations", "workspace", "total", "bytes/param"})
+    EXPECT_TRUE(has(r.out, c)) << c << "\n" << r.out;
+  EXPECT_TRUE(has(r.out, "batch 4 x 512 tokens")) << r.out;
+}
+
+TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
+  test::TempDir tmp;
+  struct Case {
+    std::string args, message;
+  };
+  const std::string small = write_model(tmp.path + "/small_vocab", 101);
+  const std::string broken = write_model(tmp.path + "/broken");
+  std::filesystem::resize_file(broken + "/model.safetensors", 100);  // truncated
+  std::filesystem::create_directories(tmp.path + "/bad_json");
+  std::ofstream(tmp.path + "/bad_json/config.json") << "{\"hidden_size\": 32,";
+  const std::string out = " --output_dir " + tmp.path + "/out";
+  for (const Case& c : std::vector<Case>{
+           {"train --per_device_batch_size 4", "per_device_batch_size"},
+           {"train --per_device_train_batch_size 0", "--per_device_train_batch_size"},
+           {"train --learning_rate nan", "--learning_rate"},
+           {"train --optim adafactor", "adafactor"},
+           {"train --dataset foo", "synthetic:NxL"},
+           {"train --model_name_or_path no-such-model", "bert-large-uncased"},
+           {"train --model_name_or_path " + small + " --dataset synthetic:8x8" + out, "vocab_size"},
+           {"train --model_name_or_path " + broken + " --dataset synthetic:8x8" + out, "model.safetensors"},
+           {"train --model_name_or_path " + tmp.path + "/bad_json" + out, "config.json"},
+           {"train --model_name_or_path bert-tiny --dataset synthetic:8x1024" + out, "max_position_embeddings"},
+           {"estimate --device cuda", "CUDA"},
+       }) {
+    Result r = hone(c.args);
+    EXPECT_NE(r.code, 0) << c.args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, c.message)) << c.args << "\n" << r.out;
+    EXPECT_FALSE(has(r.out, "internal error")) << c.args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace hone
