@@ -134,7 +134,7 @@ TEST_P(GoldenTest, ThreeOptimizerStepsMatchTrainer) {
                            lrs = g.floats("train.lr");
   double worst_loss = 0, worst_norm = 0;
   for (int k = 0; k < int(a.max_steps); ++k) {
-    GoldenBatch b(g, "train.", "." + std::to_string(k));
+    GoldenBatch b(g, "train.", fmt::format(".{}", k));
     run.micro_step(b.ids.data(), b.mask.data(), b.types.data(), b.labels.data(), b.batch(), 1.0f, uint64_t(k));
     const double lr = learning_rate_at(a, k, a.max_steps);
     EXPECT_NEAR(lr, lrs[size_t(k)], 1e-9) << "step " << k;

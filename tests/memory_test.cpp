@@ -1,5 +1,7 @@
 #include "hone/memory.h"
 
+#include "hone/cpu_backend.h"
+
 #include <gtest/gtest.h>
 
 namespace hone {
@@ -31,7 +33,8 @@ TEST(MemoryPlan, ReplayServesPlannedOffsetsAndRejectsDivergence) {
   Tensor a = p.take(Category::Activations, "a", 0, DType::F32, {64});
   p.release(a);
   p.end_phase();
-  PlannedMemory mem(p.finish(), Device::CPU);
+  CpuBackend be;
+  PlannedMemory mem(p.finish(), be);
   mem.set_check_overlaps(true);
   for (int step = 0; step < 3; ++step) {
     mem.begin_phase(Phase::MicroStep);

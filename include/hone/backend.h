@@ -46,6 +46,13 @@ class Backend {
   // memory planner runs the real training code this way.
   bool dry_run = false;
 
+  // Memory of this backend's device, for the arenas (the only allocations of a run).
+  // allocate throws hone::Error naming the size when the device is out of memory.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p) noexcept = 0;
+  // Waits for queued work (a no-op on the CPU); used before host reads and timing.
+  virtual void synchronize() {}
+
   virtual void fill(Tensor& x, float value) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // bytewise, src.bytes() == dst.bytes()
   virtual void read(const Tensor& src, float* host, size_t n) = 0;  // first n F32 values to host

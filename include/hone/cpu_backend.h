@@ -11,6 +11,8 @@ class CpuBackend final : public Backend {
   CpuBackend();
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) noexcept override;
 
   void fill(Tensor& x, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;

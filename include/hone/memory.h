@@ -80,9 +80,11 @@ class MemoryPlanner final : public BufferSource {
 };
 
 // One allocation per category, counted.
+class Backend;
+
 class Arena {
  public:
-  Arena(Category c, Device d, size_t bytes);
+  Arena(Category c, Backend& be, size_t bytes);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -94,14 +96,14 @@ class Arena {
 
  private:
   Category category_;
-  Device device_;
+  Backend& backend_;
   char* base_ = nullptr;
   size_t bytes_ = 0;
 };
 
 class PlannedMemory final : public BufferSource {
  public:
-  PlannedMemory(MemoryPlan plan, Device d);
+  PlannedMemory(MemoryPlan plan, Backend& be);
   Tensor take(Category c, const char* name, int index, DType t, Shape s) override;
   void release(const Tensor& t) override;
   void begin_phase(Phase p) override;
@@ -122,6 +124,7 @@ class PlannedMemory final : public BufferSource {
   size_t cursor_ = 0;
   std::vector<size_t> live_;  // reserved once; no allocation during replay
   bool check_overlaps_ = false;
+  Device device_;
 };
 
 }  // namespace hone

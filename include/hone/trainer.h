@@ -49,7 +49,11 @@ class TrainingRun {
 
   BertForSequenceClassification& model() { return *model_; }
   PlannedMemory& memory() { return *mem_; }
-  float* host_weights();  // the flat weight buffer (CPU backend)
+  float* host_weights();  // the flat weight buffer itself (CPU backend only)
+  // Copies between the flat parameter buffers and host memory of layout().count() floats.
+  void write_weights(const float* host);
+  void read_weights(float* host);
+  void read_grads(float* host);
 
   // One micro-batch from host rows (batch x seq); accumulates gradients and the loss.
   // If logits_out is given, receives the logits.

@@ -71,13 +71,14 @@ int train_command(const TrainingArguments& a) {
   TrainingRun run(a, src.config, data->seq_len(), be);
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", src.name, describe(src.config, layout.count()));
+  std::vector<float> host(static_cast<size_t>(layout.count()));  // staging for init, load and save
   if (src.weights_path.empty()) {
-    init_weights(src.config, layout, run.host_weights(), a.seed);
+    init_weights(src.config, layout, host.data(), a.seed);
     fmt::print("notice: {} is a built-in configuration: its weights are random (seed {}), since hone downloads "
                "nothing. Pass a directory with config.json and model.safetensors for pretrained weights.\n",
                src.name, a.seed);
   } else {
-    LoadReport r = load_weights(src.weights_path, src.config, layout, run.host_weights(), a.seed);
+    LoadReport r = load_weights(src.weights_path, src.config, layout, host.data(), a.seed);
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
       for (const auto& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
@@ -87,6 +88,7 @@ int train_command(const TrainingArguments& a) {
       fmt::print("notice: newly initialised, not in {}: {}\n", src.weights_path, list(r.initialized));
     if (!r.unused.empty()) fmt::print("notice: unused tensors of {}: {}\n", src.weights_path, list(r.unused));
   }
+  run.write_weights(host.data());
   const StepCounts sc = count_steps(a, data->size());
   fmt::print("  data: {}\n  device: {} ({} threads); batch {} x {} accumulation, {} updates over {} epoch(s)\n",
              data->description(), be.name(), omp_get_max_threads(), a.per_device_train_batch_size,
@@ -126,7 +128,8 @@ int train_command(const TrainingArguments& a) {
   shown["epoch"] = m.epoch;
   fmt::print("{}\n", python_dict(shown));
   write_file_atomic((std::filesystem::path(a.output_dir) / "train_results.json").string(), metrics.dump(4) + "\n");
-  save_pretrained(a.output_dir, src.config, layout, run.host_weights());
+  run.read_weights(host.data());
+  save_pretrained(a.output_dir, src.config, layout, host.data());
   fmt::print("saved config.json, model.safetensors, train_results.json and trainer_log.jsonl to {}\n", a.output_dir);
 
   size_t measured[kNumCategories];

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <fmt/format.h>
 
+#include "hone/backend.h"
+
 namespace hone {
 namespace {
 
@@ -136,25 +138,27 @@ MemoryPlan MemoryPlanner::finish() {
 
 // ---------------------------------------------------------------- arenas
 
-Arena::Arena(Category c, Device d, size_t bytes) : category_(c), device_(d), bytes_(bytes) {
-  HONE_CHECK(d == Device::CPU, "this build has no CUDA arena");
+Arena::Arena(Category c, Backend& be, size_t bytes) : category_(c), backend_(be), bytes_(bytes) {
   if (bytes == 0) return;
-  base_ = static_cast<char*>(std::aligned_alloc(kBufferAlignment, align_up(bytes)));
-  if (!base_)
-    fail("out of host memory: could not allocate the {} arena of {:.1f} MiB", category_name(c),
-         double(bytes) / (1 << 20));
+  try {
+    base_ = static_cast<char*>(be.allocate(bytes));
+  } catch (const Error& e) {
+    fail("the {} arena of {:.1f} MiB: {}", category_name(c), double(bytes) / (1 << 20), e.what());
+  }
   ++allocation_counter();
 }
 
-Arena::~Arena() { std::free(base_); }
+Arena::~Arena() {
+  if (base_) backend_.deallocate(base_);
+}
 
 int64_t Arena::allocation_count() { return allocation_counter().load(); }
 
 // ---------------------------------------------------------------- replay
 
-PlannedMemory::PlannedMemory(MemoryPlan plan, Device d) : plan_(std::move(plan)) {
+PlannedMemory::PlannedMemory(MemoryPlan plan, Backend& be) : plan_(std::move(plan)), device_(be.device()) {
   for (int c = 0; c < kNumCategories; ++c)
-    arenas_.push_back(std::make_unique<Arena>(Category(c), d, plan_.category_bytes[c]));
+    arenas_.push_back(std::make_unique<Arena>(Category(c), be, plan_.category_bytes[c]));
   for (size_t i = 0; i < plan_.buffers.size(); ++i) phase_buffers_[size_t(plan_.buffers[i].phase)].push_back(i);
   live_.reserve(plan_.buffers.size());
 }
@@ -183,7 +187,7 @@ Tensor PlannedMemory::take(Category c, const char* name, int index, DType t, Sha
              name, index);
   size_t id = list[cursor_++];
   const PlannedBuffer& b = plan_.buffers[id];
-  Tensor out{arenas_[size_t(c)]->base() + b.offset, t, s, Device::CPU};
+  Tensor out{arenas_[size_t(c)]->base() + b.offset, t, s, device_};
   HONE_CHECK(b.category == c && b.name == name && b.index == index && out.bytes() <= b.bytes,
              "request {}[{}] of {} bytes does not match the plan's {} ({} bytes)", name, index, out.bytes(),
              b.label(), b.bytes);

@@ -1,6 +1,7 @@
 // fill, copy, read.
 #include <cblas.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "hone/cpu_backend.h"
@@ -28,6 +29,15 @@ void copy(Backend& be, const Tensor& src, Tensor& dst) {
 }  // namespace ops
 
 CpuBackend::CpuBackend() { openblas_set_num_threads(1); }
+
+void* CpuBackend::allocate(size_t bytes) {
+  constexpr size_t kAlign = 256;
+  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  if (!p) fail("out of host memory: could not allocate {:.1f} MiB", double(bytes) / (1 << 20));
+  return p;
+}
+
+void CpuBackend::deallocate(void* p) noexcept { std::free(p); }
 
 void CpuBackend::fill(Tensor& x, float value) {
   float* p = x.f32();

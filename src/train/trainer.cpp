@@ -48,7 +48,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be)
     : TrainingRun(a, c, seq_len, be, PlanOnly{}) {
-  mem_ = std::make_unique<PlannedMemory>(record_plan(), be.device());
+  mem_ = std::make_unique<PlannedMemory>(record_plan(), be);
   mem_->begin_phase(Phase::Setup);
   setup(*mem_);
   mem_->end_phase();
@@ -93,6 +93,27 @@ float* TrainingRun::host_weights() {
   return model_->weights().f32();
 }
 
+namespace {
+Tensor host_tensor(const void* p, DType t, Shape s) { return Tensor{const_cast<void*>(p), t, s, Device::CPU}; }
+}  // namespace
+
+void TrainingRun::write_weights(const float* host) {
+  ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
+  be_.synchronize();
+}
+
+void TrainingRun::read_weights(float* host) {
+  Tensor dst = host_tensor(host, DType::F32, model_->weights().shape);
+  ops::copy(be_, model_->weights(), dst);
+  be_.synchronize();
+}
+
+void TrainingRun::read_grads(float* host) {
+  Tensor dst = host_tensor(host, DType::F32, model_->grads().shape);
+  ops::copy(be_, model_->grads(), dst);
+  be_.synchronize();
+}
+
 void TrainingRun::micro_step(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
                              int batch, float grad_scale, uint64_t dropout_step, float* logits_out) {
   run_micro_step(*mem_, ids, mask, types, labels, batch, grad_scale, dropout_step, logits_out);
@@ -110,7 +131,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
                  mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T}),
                  mem.take(Category::Activations, "labels", -1, regression ? DType::F32 : DType::I32, {batch})};
   if (!be_.dry_run) {
-    auto host = [](const void* p, DType t, Shape s) { return Tensor{const_cast<void*>(p), t, s, Device::CPU}; };
+    auto host = host_tensor;
     if (!regression)
       for (int i = 0; i < batch; ++i) int_labels_[size_t(i)] = int32_t(labels[i]);
     ops::copy(be_, host(ids, DType::I32, {T}), b.input_ids);
