@@ -31,6 +31,7 @@ struct TrainingArguments {
   int64_t logging_steps = 500;
   bool logging_first_step = false;
   bool disable_tqdm = false;
+  bool tf32 = false;  // TF32 tensor cores for fp32 matrix products (CUDA); off by default, as in HF
   // hone-specific
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // CPU threads; 0 = all cores

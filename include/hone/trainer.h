@@ -73,6 +73,8 @@ class TrainingRun {
   void run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
                       const float* labels, int batch, float grad_scale, uint64_t dropout_step, float* logits_out);
   void run_optimizer_step(BufferSource& mem, double lr, int64_t step);
+  void validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
+                      int batch) const;
 
   TrainingArguments args_;
   int seq_;

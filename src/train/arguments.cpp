@@ -72,6 +72,7 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add(app, "logging_steps", a.logging_steps, "Log every N optimizer steps");
   add_bool(app, "logging_first_step", a.logging_first_step, "Also log the first step");
   add_bool(app, "disable_tqdm", a.disable_tqdm, "No progress bar");
+  add_bool(app, "tf32", a.tf32, "TF32 tensor cores for fp32 matrix products (CUDA)");
   add(app, "device", a.device, "auto, cpu or cuda");
   add(app, "threads", a.threads, "CPU threads; 0 = all cores");
 }

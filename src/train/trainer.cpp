@@ -97,6 +97,31 @@ namespace {
 Tensor host_tensor(const void* p, DType t, Shape s) { return Tensor{const_cast<void*>(p), t, s, Device::CPU}; }
 }  // namespace
 
+// Checked on the host, before any backend sees the batch: kernels then trust their indices.
+void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
+                                 int batch) const {
+  const BertConfig& c = model_->config();
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0; t < seq_; ++t) {
+      const size_t i = size_t(b) * seq_ + t;
+      if (ids[i] < 0 || ids[i] >= c.vocab_size)
+        fail("batch row {}, position {}: token id {} is out of range for the model's vocab_size {}", b, t, ids[i],
+             c.vocab_size);
+      if (types[i] < 0 || types[i] >= c.type_vocab_size)
+        fail("batch row {}, position {}: token type {} is out of range for type_vocab_size {}", b, t, types[i],
+             c.type_vocab_size);
+      if (mask[i] != 0 && mask[i] != 1)
+        fail("batch row {}, position {}: attention mask value {} is not 0 or 1", b, t, mask[i]);
+    }
+    if (model_->regression()) {
+      if (!std::isfinite(labels[b])) fail("batch row {}: regression target {} is not finite", b, labels[b]);
+    } else if (labels[b] != -100.0f && !(labels[b] >= 0 && labels[b] < float(c.num_labels) &&
+                                        labels[b] == std::floor(labels[b]))) {
+      fail("batch row {}: label {} is not a class id in [0, {})", b, labels[b], c.num_labels);
+    }
+  }
+}
+
 void TrainingRun::write_weights(const float* host) {
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
   be_.synchronize();
@@ -131,6 +156,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
                  mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T}),
                  mem.take(Category::Activations, "labels", -1, regression ? DType::F32 : DType::I32, {batch})};
   if (!be_.dry_run) {
+    validate_batch(ids, mask, types, labels, batch);
     auto host = host_tensor;
     if (!regression)
       for (int i = 0; i < batch; ++i) int_labels_[size_t(i)] = int32_t(labels[i]);

@@ -1,0 +1,20 @@
+#pragma once
+// The CUDA backend, when this build has one. Everything else in hone is device-agnostic.
+#include <memory>
+#include <string>
+
+#include "hone/backend.h"
+
+namespace hone {
+
+struct CudaOptions {
+  int device = 0;
+  bool tf32 = false;  // TF32 tensor cores for fp32 matrix products (TrainingArguments.tf32)
+};
+
+// Whether this build has the CUDA backend and a GPU is usable; if not, `why` says why.
+bool cuda_available(std::string* why);
+// Throws hone::Error when cuda_available() is false.
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options);
+
+}  // namespace hone

@@ -1,0 +1,80 @@
+#include "cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include "cuda/check.h"
+
+namespace hone {
+
+bool cuda_available(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why)
+      *why = e != cudaSuccess ? fmt::format("no usable CUDA device: {}", cudaGetErrorString(e))
+                              : std::string("no CUDA device found");
+    cudaGetLastError();  // clear the sticky error so later calls are not confused by it
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options) {
+  std::string why;
+  if (!cuda_available(&why)) fail("--device cuda: {}", why);
+  return std::make_unique<CudaBackend>(options);
+}
+
+CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), tf32_(options.tf32) {
+  HONE_CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  HONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  if (prop.major < 8)
+    fail("GPU {} ({}) has compute capability {}.{}; hone needs 8.0 (Ampere) or newer", device_, prop.name,
+         prop.major, prop.minor);
+  name_ = fmt::format("cuda:{} ({})", device_, prop.name);
+  HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  HONE_CUBLAS_CHECK(cublasCreate(&blas_));
+  HONE_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  HONE_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+  HONE_CUBLAS_CHECK(cublasSetWorkspace(blas_, gemm_workspace_, kGemmWorkspaceBytes));
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors must not throw: errors here are ignored (the process is ending the run).
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (gemm_workspace_) cudaFree(gemm_workspace_);
+  if (blas_) cublasDestroy(blas_);
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::allocate(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("out of GPU memory on {}: cudaMalloc of {:.1f} MiB failed ({}); {:.1f} MiB free of {:.1f} MiB", name_,
+         double(bytes) / (1 << 20), cudaGetErrorString(e), double(free_b) / (1 << 20), double(total_b) / (1 << 20));
+  }
+  return p;
+}
+
+void CudaBackend::deallocate(void* p) noexcept { cudaFree(p); }
+
+void CudaBackend::synchronize() { HONE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
+}
+
+void CudaBackend::read(const Tensor& src, float* host, size_t n) {
+  HONE_CUDA_CHECK(cudaMemcpyAsync(host, src.data, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  HONE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace hone

@@ -1,0 +1,86 @@
+#pragma once
+// The CUDA backend: one stream, cuBLASLt for matrix products (with a reused workspace),
+// CUDA kernels for everything else, one file per op family (src/cuda/*.cu). Nothing is
+// allocated after construction except the arenas, which allocate once each. Kernels
+// trust their indices: the trainer validates token ids and labels on the host before
+// a batch reaches any backend.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "hone/backend.h"
+#include "hone/cuda.h"
+
+namespace hone {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override { return name_; }
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) noexcept override;
+  void synchronize() override;
+
+  void fill(Tensor& x, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void read(const Tensor& src, float* host, size_t n) override;
+  void add_scaled(const Tensor& x, float alpha, Tensor& y) override;
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
+  void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
+                       Tensor* db) override;
+  void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
+                         Tensor& probs, Tensor& ctx, Tensor& workspace) override;
+  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs, const AttentionDims& d,
+                          const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
+  int64_t attention_workspace_elems(const AttentionDims& d) const override;
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                          const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+  void activation_forward(Activation a, const Tensor& x, Tensor& y) override;
+  void activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) override;
+  void tanh_forward(const Tensor& x, Tensor& y) override;
+  void tanh_backward(const Tensor& dy, const Tensor& y, Tensor& dx) override;
+  void dropout(const Tensor& x, const DropoutSpec& d, Tensor& y) override;
+  void dropout_add(const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out) override;
+  void embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
+                         const Tensor& type, int seq, Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq, Tensor& dword,
+                          Tensor& dpos, Tensor& dtype) override;
+  void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
+  void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
+  void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
+                     Tensor& dlogits) override;
+  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) override;
+  void sum_squares(const Tensor& x, Tensor& out) override;
+  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) override;
+  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
+             const Tensor& norm_coef) override;
+
+  cudaStream_t stream() const { return stream_; }
+  cublasLtHandle_t lt() const { return lt_; }
+  cublasHandle_t blas() const { return blas_; }
+  void* gemm_workspace() const { return gemm_workspace_; }
+  size_t gemm_workspace_bytes() const { return kGemmWorkspaceBytes; }
+  bool tf32() const { return tf32_; }
+
+  static constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+
+ private:
+  int device_;
+  bool tf32_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* gemm_workspace_ = nullptr;
+};
+
+}  // namespace hone

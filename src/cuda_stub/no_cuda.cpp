@@ -1,0 +1,18 @@
+// Built instead of src/cuda/ when CMake found no CUDA compiler.
+#include "hone/cuda.h"
+#include "hone/error.h"
+
+namespace hone {
+
+bool cuda_available(std::string* why) {
+  if (why) *why = "this build of hone has no CUDA backend (CMake found no CUDA compiler)";
+  return false;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaOptions&) {
+  std::string why;
+  cuda_available(&why);
+  fail("{}", why);
+}
+
+}  // namespace hone
