@@ -1,4 +1,4 @@
-// The hone executable: `hone train` and `hone estimate`.
+// The hone executable: `hone train`, `hone estimate` and `hone env`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <omp.h>
@@ -7,10 +7,14 @@
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <optional>
 
+#include "cli/env.h"
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "hone/cpu_backend.h"
+#include "hone/cuda.h"
+#include "hone/gpu_info.h"
 #include "hone/data.h"
 #include "hone/safetensors.h"
 #include "hone/trainer.h"
@@ -26,11 +30,24 @@ std::string describe(const BertConfig& c, int64_t params) {
                      c.resolved_problem_type(), with_commas(uint64_t(params)));
 }
 
-// The only backend of a CPU build; --device cuda arrives with the CUDA backend.
-CpuBackend make_backend(const TrainingArguments& a) {
-  if (a.device == "cuda") fail("--device cuda: this build of hone has no CUDA backend; use --device cpu");
+// --device auto takes the GPU when there is one.
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  return CpuBackend{};
+  std::string why;
+  if (a.device == "cuda" || (a.device == "auto" && cuda_available(&why))) return make_cuda_backend({0, a.tf32});
+  if (a.tf32) fmt::print("notice: --tf32 affects CUDA matrix products only; the CPU backend computes in fp32\n");
+  return std::make_unique<CpuBackend>();
+}
+
+constexpr double kMiB = 1 << 20;
+
+// What the seed notebook's print_gpu_utilization prints (device-wide, NVML).
+std::optional<GpuMemory> print_gpu_memory(const Backend& be, const char* when) {
+  if (be.device() != Device::CUDA) return std::nullopt;
+  std::optional<GpuMemory> m = gpu_memory(0);
+  if (m) fmt::print("GPU memory occupied: {} MB. ({})\n", m->used >> 20, when);
+  std::fflush(stdout);
+  return m;
 }
 
 int seq_len_of(const TrainingArguments& a) { return parse_synthetic_dataset(a.dataset).len; }
@@ -47,22 +64,39 @@ size_t peak_rss() {
 
 int estimate(const TrainingArguments& a, bool list_buffers) {
   ModelSource src = resolve_model(a.model_name_or_path);
-  CpuBackend be = make_backend(a);
+  std::unique_ptr<Backend> be = make_backend(a);
   const int seq = seq_len_of(a);
-  MemoryPlan plan = TrainingRun::plan(a, src.config, seq, be);
+  MemoryPlan plan = TrainingRun::plan(a, src.config, seq, *be);
   const int64_t params = ParamLayout(src.config).count();
   fmt::print("hone estimate: {}\n  {}\n", src.name, describe(src.config, params));
-  fmt::print("  run: batch {} x {} tokens, fp32, {}, device {}\n", a.per_device_train_batch_size, seq, a.optim,
-             be.name());
+  fmt::print("  run: batch {} x {} tokens, {}, {}, device {}\n", a.per_device_train_batch_size, seq,
+             a.tf32 ? "tf32" : "fp32", a.optim, be->name());
   fmt::print("parameters: {}\n", with_commas(uint64_t(params)));
   fmt::print("memory plan (buffers whose lifetimes do not overlap share bytes):\n{}", memory_table(plan, params));
   if (list_buffers) fmt::print("buffers:\n{}", buffer_list(plan));
+  if (be->device() == Device::CUDA) {
+    // The context and libraries are measured, not guessed: this process has just created them.
+    std::optional<GpuMemory> m = gpu_memory(0);
+    if (m && m->process_known)
+      fmt::print("predicted GPU memory of the run (NVML, this process): {:.0f} MB = CUDA context and libraries "
+                 "{:.0f} MB + plan {:.0f} MB\n",
+                 double(m->process_used + plan.total_bytes()) / kMiB, double(m->process_used) / kMiB,
+                 double(plan.total_bytes()) / kMiB);
+    else if (m)
+      fmt::print("predicted GPU memory of the run: plan {:.0f} MB + CUDA context and libraries (unknown: {})\n",
+                 double(plan.total_bytes()) / kMiB, m->source);
+  }
   return 0;
 }
 
 int train_command(const TrainingArguments& a) {
   ModelSource src = resolve_model(a.model_name_or_path);
-  CpuBackend be = make_backend(a);
+  const bool want_gpu = a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
+  std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(0) : std::nullopt;
+  if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
+  std::unique_ptr<Backend> backend = make_backend(a);
+  Backend& be = *backend;
+  std::optional<GpuMemory> after_context = print_gpu_memory(be, "after the CUDA context and libraries");
   std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, src.config.resolved_problem_type() == "regression");
   if (dynamic_cast<SyntheticDataset*>(data.get()) && src.config.vocab_size < SyntheticDataset::kEndId)
     fail("--dataset {}: synthetic token ids go up to {}, but the model's vocab_size is {}", a.dataset,
@@ -89,10 +123,14 @@ int train_command(const TrainingArguments& a) {
     if (!r.unused.empty()) fmt::print("notice: unused tensors of {}: {}\n", src.weights_path, list(r.unused));
   }
   run.write_weights(host.data());
+  std::optional<GpuMemory> after_setup = print_gpu_memory(be, "after the model and every planned buffer");
   const StepCounts sc = count_steps(a, data->size());
-  fmt::print("  data: {}\n  device: {} ({} threads); batch {} x {} accumulation, {} updates over {} epoch(s)\n",
-             data->description(), be.name(), omp_get_max_threads(), a.per_device_train_batch_size,
-             a.gradient_accumulation_steps, sc.total_updates, sc.epochs);
+  const std::string where = be.device() == Device::CUDA
+                                ? fmt::format("{}{}", be.name(), a.tf32 ? ", tf32" : ", fp32")
+                                : fmt::format("{} ({} threads)", be.name(), omp_get_max_threads());
+  fmt::print("  data: {}\n  device: {}; batch {} x {} accumulation, {} updates over {} epoch(s)\n",
+             data->description(), where, a.per_device_train_batch_size, a.gradient_accumulation_steps,
+             sc.total_updates, sc.epochs);
   std::fflush(stdout);
 
   std::error_code ec;
@@ -118,8 +156,19 @@ int train_command(const TrainingArguments& a) {
   };
   TrainMetrics m = train(run, a, *data, cb);
   bar.finish();
+  std::optional<GpuMemory> after_train = print_gpu_memory(be, "after training");
 
   nlohmann::ordered_json metrics = m.to_json();
+  if (after_train) {
+    metrics["gpu"] = be.name();
+    metrics["tf32"] = a.tf32;
+    metrics["gpu_memory_start_mb"] = at_start ? at_start->used >> 20 : 0;
+    metrics["gpu_memory_after_context_mb"] = after_context ? after_context->used >> 20 : 0;
+    metrics["gpu_memory_after_setup_mb"] = after_setup ? after_setup->used >> 20 : 0;
+    metrics["gpu_memory_after_train_mb"] = after_train->used >> 20;
+    if (after_train->process_known) metrics["gpu_memory_process_mb"] = after_train->process_used >> 20;
+    metrics["planned_mb"] = run.memory().plan().total_bytes() >> 20;
+  }
   nlohmann::ordered_json shown;
   shown["train_runtime"] = std::round(m.train_runtime * 1e4) / 1e4;
   shown["train_samples_per_second"] = std::round(m.train_samples_per_second * 1e3) / 1e3;
@@ -136,7 +185,18 @@ int train_command(const TrainingArguments& a) {
   for (int c = 0; c < kNumCategories; ++c) measured[c] = run.memory().arena_bytes(Category(c));
   fmt::print("memory anatomy (planned before the first step; measured = bytes the arenas allocated):\n{}",
              memory_table(run.memory().plan(), layout.count(), measured));
-  fmt::print("host memory: peak resident {:.0f} MB\n", double(peak_rss()) / (1 << 20));
+  if (after_train && after_train->process_known) {
+    const size_t planned = run.memory().plan().total_bytes();
+    fmt::print("  {:<16} {:>15} {:>10.1f}   (this process on the GPU, NVML: {:.0f} MB, of which the plan is "
+               "{:.0f} MB)\n",
+               "CUDA context+libs", with_commas(after_train->process_used - std::min(after_train->process_used,
+                                                                                      uint64_t(planned))),
+               double(after_train->process_used - std::min(after_train->process_used, uint64_t(planned))) / kMiB,
+               double(after_train->process_used) / kMiB, double(planned) / kMiB);
+  } else if (after_train) {
+    fmt::print("  GPU memory of this process: unknown ({})\n", after_train->source);
+  }
+  fmt::print("host memory: peak resident {:.0f} MB\n", double(peak_rss()) / kMiB);
   return 0;
 }
 
@@ -154,6 +214,7 @@ int main(int argc, char** argv) {
   CLI::App* est = app.add_subcommand("estimate", "print the memory plan of a run without running it");
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");
+  CLI::App* env = app.add_subcommand("env", "print the GPUs, driver, CUDA versions and supported features");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -164,6 +225,7 @@ int main(int argc, char** argv) {
       validate(train_args);
       return cli::train_command(train_args);
     }
+    if (env->parsed()) return cli::env_command();
     validate(estimate_args);
     return cli::estimate(estimate_args, list_buffers);
   } catch (const Error& e) {

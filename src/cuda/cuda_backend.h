@@ -81,6 +81,18 @@ class CudaBackend final : public Backend {
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* gemm_workspace_ = nullptr;
+
+  // linear.cu state: the cuBLASLt algorithm the heuristic chose for each problem seen
+  // (the query costs far more than the product for small shapes), round-robin when full.
+  struct LtGemm;
+  struct LtAlgo {
+    int64_t key[10];
+    cublasLtMatmulAlgo_t algo;
+  };
+  static constexpr int kLtAlgoCache = 64;
+  LtAlgo lt_algos_[kLtAlgoCache] = {};
+  int lt_algo_count_ = 0;
+  void lt_matmul(const LtGemm& g);
 };
 
 }  // namespace hone

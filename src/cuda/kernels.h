@@ -2,6 +2,7 @@
 // Device helpers shared by the kernel files: launch geometry and reductions.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/check.h"
@@ -32,7 +33,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : 0.0f;
+  v = lane < warps ? scratch[lane] : 0.0f;
   v = warp_sum(v);
   return v;
 }
@@ -43,9 +44,84 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = threadIdx.x < warps ? scratch[threadIdx.x] : -3.402823466e38f;
+  v = lane < warps ? scratch[lane] : -3.402823466e38f;
   v = warp_max(v);
   return v;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// block_sum in double, for the losses and norms that the CPU accumulates in double.
+__device__ __forceinline__ double block_sum(double v, double* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0;
+  v = warp_sum(v);
+  return v;
+}
+
+// Grid-stride loops in int64: tensors reach 4e8 elements, and index * 4 must not overflow.
+__device__ __forceinline__ int64_t grid_start() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return int64_t(gridDim.x) * blockDim.x; }
+
+// Blocks for kernels that give each block a row (block-stride loops cover the rest).
+inline int blocks_for_rows(int64_t rows) { return int(std::clamp<int64_t>(rows, 1, 65535 * 16)); }
+
+__host__ __device__ __forceinline__ int64_t groups_of_4(int64_t n) { return (n + 3) / 4; }
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// V consecutive floats; V == 4 is one 16-byte access, so the address must be aligned.
+template <int V>
+struct Vec {
+  float v[V];
+};
+
+template <int V>
+__device__ __forceinline__ Vec<V> load_vec(const float* p) {
+  Vec<V> r;
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    r.v[0] = t.x, r.v[1] = t.y, r.v[2] = t.z, r.v[3] = t.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = p[k];
+  }
+  return r;
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* p, const Vec<V>& r) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) p[k] = r.v[k];
+  }
+}
+
+// Elements [i, i + 4) of a flat array of n, i a multiple of 4: one float4 access when
+// `vec` (every pointer of the kernel 16-byte aligned) and the group is whole, else
+// scalar. Elements at or past n load as 0 and are not stored.
+__device__ __forceinline__ Vec<4> load4(const float* p, int64_t i, int64_t n, bool vec) {
+  if (vec && i + 4 <= n) return load_vec<4>(p + i);
+  Vec<4> r;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) r.v[k] = i + k < n ? p[i + k] : 0.0f;
+  return r;
+}
+
+__device__ __forceinline__ void store4(float* p, int64_t i, int64_t n, bool vec, const Vec<4>& r) {
+  if (vec && i + 4 <= n) return store_vec<4>(p + i, r);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (i + k < n) p[i + k] = r.v[k];
 }
 
 }  // namespace hone::cuda

@@ -1,6 +1,7 @@
 // Built instead of src/cuda/ when CMake found no CUDA compiler.
 #include "hone/cuda.h"
 #include "hone/error.h"
+#include "hone/gpu_info.h"
 
 namespace hone {
 
@@ -13,6 +14,14 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaOptions&) {
   std::string why;
   cuda_available(&why);
   fail("{}", why);
+}
+
+std::optional<GpuMemory> gpu_memory(int) { return std::nullopt; }
+
+std::string gpu_environment_report() {
+  std::string why;
+  cuda_available(&why);
+  return "GPU: none usable: " + why + "\n";
 }
 
 }  // namespace hone

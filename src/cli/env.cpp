@@ -1,0 +1,36 @@
+#include "cli/env.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <cstdlib>
+
+#include "hone/gpu_info.h"
+
+// HONE_VERSION, HONE_BUILD_TYPE and HONE_CUDA_ARCHITECTURES come from CMake.
+#if defined(__clang__)
+#define HONE_COMPILER "clang " __clang_version__
+#elif defined(__GNUC__)
+#define HONE_COMPILER "GCC " __VERSION__
+#else
+#define HONE_COMPILER "unknown compiler"
+#endif
+
+namespace hone::cli {
+
+int env_command() {
+  fmt::print("hone {} ({} build, {}, C++{})\n", HONE_VERSION, HONE_BUILD_TYPE, HONE_COMPILER, __cplusplus / 100 % 100);
+#if defined(HONE_HAVE_CUDA)
+  fmt::print("CUDA backend: built, for architectures {}\n", HONE_CUDA_ARCHITECTURES);
+#else
+  fmt::print("CUDA backend: not built (CPU-only build)\n");
+#endif
+  // The CPU backend's thread count: OMP_NUM_THREADS or --threads, else every processor.
+  const char* env_threads = std::getenv("OMP_NUM_THREADS");
+  fmt::print("CPU: {} OpenMP threads of {} processors{}\n", omp_get_max_threads(), omp_get_num_procs(),
+             env_threads ? fmt::format(" (OMP_NUM_THREADS={})", env_threads) : std::string());
+  fmt::print("{}", gpu_environment_report());
+  return 0;
+}
+
+}  // namespace hone::cli

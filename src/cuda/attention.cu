@@ -1,0 +1,231 @@
+// Scaled dot-product self-attention, with the semantics of src/ops/attention.cpp. The
+// products are cuBLAS strided-batched GEMMs over the heads of one sequence (head h's
+// Q, K and V start h*head_dim columns further, leading dimension 3H), one call per
+// sequence; the masked softmax with dropout and its backward are row kernels. Products
+// are written column-major, so each computes the transpose of the row-major result.
+#include <cfloat>
+
+#include "cuda/check.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/rows.h"
+#include "hone/philox.h"
+
+namespace hone {
+
+namespace {
+
+constexpr int kGroups = 4;  // runs of W columns per thread: 512 columns fit one warp with W = 4
+
+// Dropout bits of columns [idx, idx + W) of the flat probs index; with W = 4 idx is a
+// multiple of 4, so one Philox block gives all four (the same words as dropout_keep).
+template <int W>
+__device__ __forceinline__ void keep_bits(DropoutSpec d, uint64_t idx, bool (&keep)[W]) {
+  if constexpr (W == 4) {
+    const Philox4 r = philox_block(d.seed, d.stream, idx >> 2);
+    #pragma unroll
+    for (int t = 0; t < 4; ++t) keep[t] = uniform_from_word(r.v[t]) >= d.p;
+  } else {
+    keep[0] = dropout_keep(d.seed, d.stream, idx, d.p);
+  }
+}
+
+// probs holds the scaled scores [rows, S] and becomes the softmax over each row; masked
+// keys (mask[b, j] == 0) get -FLT_MAX added, as on the CPU, so a row with every key
+// masked is uniform. When dropped is set it receives dropout(probs).
+template <int W>
+__global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
+                                       float* __restrict__ dropped, int64_t rows, int S, int rows_per_seq,
+                                       DropoutSpec drop, float keep_scale) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < rows;  // dead threads still take part in the reductions
+  float* p = probs + row * S;
+  const int32_t* m = mask + (live ? row / rows_per_seq : 0) * S;
+  float v[kGroups][W];
+  float mx = -INFINITY;
+  #pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (g * blockDim.x + threadIdx.x) * W;
+    if (live && c < S) {
+      int32_t mk[W];
+      cuda::load<W>(p + c, v[g]);
+      cuda::load<W>(m + c, mk);
+      #pragma unroll
+      for (int t = 0; t < W; ++t) {
+        if (mk[t] == 0) v[g][t] += -FLT_MAX;
+        mx = fmaxf(mx, v[g][t]);
+      }
+    }
+  }
+  mx = cuda::row_max(mx);
+  float sum = 0.0f;
+  #pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (g * blockDim.x + threadIdx.x) * W;
+    if (live && c < S)
+      #pragma unroll
+      for (int t = 0; t < W; ++t) sum += v[g][t] = expf(v[g][t] - mx);
+  }
+  const float inv = 1.0f / cuda::row_sum(sum);
+  #pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (g * blockDim.x + threadIdx.x) * W;
+    if (!live || c >= S) continue;
+    #pragma unroll
+    for (int t = 0; t < W; ++t) v[g][t] *= inv;
+    cuda::store<W>(p + c, v[g]);
+    if (dropped) {
+      bool keep[W];
+      keep_bits<W>(drop, uint64_t(row) * S + c, keep);
+      #pragma unroll
+      for (int t = 0; t < W; ++t) v[g][t] = keep[t] ? v[g][t] * keep_scale : 0.0f;
+      cuda::store<W>(dropped + row * S + c, v[g]);
+    }
+  }
+}
+
+// grad holds d(dropout(probs)) = dctx V^T and becomes d(scores) / scale:
+// dS = P * (g - sum(g * P)), g = d(probs) = keep * scale * grad. When dropped is set it
+// also receives dropout(probs), for dV.
+template <int W>
+__global__ void __launch_bounds__(1024) softmax_backward_kernel(const float* __restrict__ probs, float* __restrict__ grad,
+                                        float* __restrict__ dropped, int64_t rows, int S, DropoutSpec drop,
+                                        float keep_scale) {
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < rows;
+  const float* p = probs + row * S;
+  float* gr = grad + row * S;
+  float pv[kGroups][W], gv[kGroups][W];
+  float dot = 0.0f;
+  #pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (g * blockDim.x + threadIdx.x) * W;
+    if (!live || c >= S) continue;
+    cuda::load<W>(p + c, pv[g]);
+    cuda::load<W>(gr + c, gv[g]);
+    if (dropped) {
+      bool keep[W];
+      float out[W];
+      keep_bits<W>(drop, uint64_t(row) * S + c, keep);
+      #pragma unroll
+      for (int t = 0; t < W; ++t) {
+        out[t] = keep[t] ? pv[g][t] * keep_scale : 0.0f;
+        gv[g][t] = keep[t] ? gv[g][t] * keep_scale : 0.0f;
+      }
+      cuda::store<W>(dropped + row * S + c, out);
+    }
+    #pragma unroll
+    for (int t = 0; t < W; ++t) dot += gv[g][t] * pv[g][t];
+  }
+  dot = cuda::row_sum(dot);
+  #pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (g * blockDim.x + threadIdx.x) * W;
+    if (!live || c >= S) continue;
+    #pragma unroll
+    for (int t = 0; t < W; ++t) gv[g][t] = pv[g][t] * (gv[g][t] - dot);
+    cuda::store<W>(gr + c, gv[g]);
+  }
+}
+
+// Column-major C = alpha op(A) op(B) for each of `batch` heads, C overwritten.
+void heads_gemm(const CudaBackend& be, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                const float* a, int lda, int64_t stride_a, const float* b, int ldb, int64_t stride_b, float* c,
+                int ldc, int64_t stride_c, int batch) {
+  const float beta = 0.0f;
+  HONE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(be.blas(), ta, tb, m, n, k, &alpha, a, CUDA_R_32F, lda, stride_a, b,
+                                               CUDA_R_32F, ldb, stride_b, &beta, c, CUDA_R_32F, ldc, stride_c, batch,
+                                               be.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                                               CUBLAS_GEMM_DEFAULT));
+}
+
+// Where sequence b's operands start: Q, K, V and their gradients in [B*S, 3H], the
+// context in [B*S, H], the [heads, S, S] blocks in probs and the workspace.
+struct SeqOffsets {
+  int64_t qkv, ctx, probs;
+};
+
+SeqOffsets seq_offsets(const AttentionDims& d, int b) {
+  const int64_t S = d.seq;
+  return {b * S * 3 * d.hidden(), b * S * d.hidden(), b * int64_t(d.heads) * S * S};
+}
+
+}  // namespace
+
+// Forward: the dropped probs. Backward: d(probs) then the dropped probs.
+int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d) const {
+  return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
+}
+
+void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                                    const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) {
+  const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
+  const bool dropping = drop.p > 0.0f;
+  float* dropped = dropping ? workspace.f32() : nullptr;
+  const float* q = qkv.f32();
+  // scores^T = K Q^T per head, straight into probs
+  for (int b = 0; b < d.batch; ++b) {
+    const SeqOffsets o = seq_offsets(d, b);
+    heads_gemm(*this, CUBLAS_OP_T, CUBLAS_OP_N, S, S, hd, d.scale, q + o.qkv + H, ld, hd, q + o.qkv, ld, hd,
+               probs.f32() + o.probs, S, SS, d.heads);
+  }
+  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const int32_t* m = mask.ptr<int32_t>();
+  if (cuda::vec4_ok(S, {probs.data, m, dropped})) {
+    const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 4, kGroups);
+    softmax_forward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, dropped, rows, S, d.heads * S, drop,
+                                                                keep_scale);
+  } else {
+    const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 1, kGroups);
+    softmax_forward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, dropped, rows, S, d.heads * S, drop,
+                                                                keep_scale);
+  }
+  HONE_CUDA_LAUNCH_CHECK();
+  // ctx^T = V^T P^T per head
+  const float* p = dropping ? dropped : probs.f32();
+  for (int b = 0; b < d.batch; ++b) {
+    const SeqOffsets o = seq_offsets(d, b);
+    heads_gemm(*this, CUBLAS_OP_N, CUBLAS_OP_N, hd, S, S, 1.0f, q + o.qkv + 2 * H, ld, hd, p + o.probs, S, SS,
+               ctx.f32() + o.ctx, H, hd, d.heads);
+  }
+}
+
+void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+                                     const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
+                                     Tensor& workspace) {
+  const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
+  const bool dropping = drop.p > 0.0f;
+  float* grad = workspace.f32();
+  float* dropped = dropping ? grad + rows * S : nullptr;
+  const float *q = qkv.f32(), *dc = dctx.f32();
+  float* dq = dqkv.f32();
+  // d(dropped probs)^T = V dctx^T per head
+  for (int b = 0; b < d.batch; ++b) {
+    const SeqOffsets o = seq_offsets(d, b);
+    heads_gemm(*this, CUBLAS_OP_T, CUBLAS_OP_N, S, S, hd, 1.0f, q + o.qkv + 2 * H, ld, hd, dc + o.ctx, H, hd,
+               grad + o.probs, S, SS, d.heads);
+  }
+  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
+  if (cuda::vec4_ok(S, {probs.data, grad, dropped})) {
+    const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 4, kGroups);
+    softmax_backward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), grad, dropped, rows, S, drop, keep_scale);
+  } else {
+    const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 1, kGroups);
+    softmax_backward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), grad, dropped, rows, S, drop, keep_scale);
+  }
+  HONE_CUDA_LAUNCH_CHECK();
+  const float* p = dropping ? dropped : probs.f32();
+  for (int b = 0; b < d.batch; ++b) {
+    const SeqOffsets o = seq_offsets(d, b);
+    // dV^T = dctx^T P_dropped, dQ^T = scale K^T dS^T, dK^T = scale Q^T dS
+    heads_gemm(*this, CUBLAS_OP_N, CUBLAS_OP_T, hd, S, S, 1.0f, dc + o.ctx, H, hd, p + o.probs, S, SS,
+               dq + o.qkv + 2 * H, ld, hd, d.heads);
+    heads_gemm(*this, CUBLAS_OP_N, CUBLAS_OP_N, hd, S, S, d.scale, q + o.qkv + H, ld, hd, grad + o.probs, S, SS,
+               dq + o.qkv, ld, hd, d.heads);
+    heads_gemm(*this, CUBLAS_OP_N, CUBLAS_OP_T, hd, S, S, d.scale, q + o.qkv, ld, hd, grad + o.probs, S, SS,
+               dq + o.qkv + H, ld, hd, d.heads);
+  }
+}
+
+}  // namespace hone

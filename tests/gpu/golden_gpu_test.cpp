@@ -1,0 +1,154 @@
+// The golden fixtures on CUDA, at the CPU's tolerances in fp32 and looser ones in TF32;
+// CUDA against the CPU with dropout on; a checkpoint written from the GPU read on the CPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "golden.h"
+#include "hone/cpu_backend.h"
+#include "hone/cuda.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                       \
+  do {                                                           \
+    std::string why;                                             \
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why; \
+  } while (0)
+
+class GoldenGpuTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenGpuTest, Fp32MatchesTransformers) {
+  SKIP_WITHOUT_GPU();
+  auto be = make_cuda_backend({});
+  test::check_golden_forward_backward(GetParam(), *be);
+  test::check_golden_training(GetParam(), *be);
+}
+
+TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
+  SKIP_WITHOUT_GPU();
+  auto be = make_cuda_backend({0, true});
+  // TF32 keeps 10 mantissa bits in matrix products: about 1e-3 relative.
+  test::GoldenTolerances tol{3e-3, 3e-3, 3e-2, 3e-3};
+  test::check_golden_forward_backward(GetParam(), *be, tol);
+  test::check_golden_training(GetParam(), *be, tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenGpuTest, ::testing::Values("bert_cls", "bert_reg"));
+
+BertConfig dropout_config() {
+  BertConfig c = *builtin_config("bert-tiny");
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.max_position_embeddings = 64;
+  c.hidden_dropout_prob = 0.1f;
+  c.attention_probs_dropout_prob = 0.1f;
+  return c;
+}
+
+// Same seed, same Philox streams: CUDA and CPU drop the same elements, so a few
+// training steps with dropout give the same losses.
+TEST(GpuParity, DropoutTrainingMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  CpuBackend cpu;
+  const BertConfig c = dropout_config();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.learning_rate = 1e-3;
+  TrainingRun on_gpu(a, c, 32, *cuda), on_cpu(a, c, 32, cpu);
+  std::vector<float> w(size_t(on_cpu.model().layout().count()));
+  init_weights(c, on_cpu.model().layout(), w.data(), 3);
+  on_gpu.write_weights(w.data());
+  on_cpu.write_weights(w.data());
+  SyntheticDataset data(4, 32, 5, false);
+  std::vector<int32_t> ids(128), mask(128), types(128);
+  std::vector<float> labels(4);
+  for (int b = 0; b < 4; ++b) data.example(b, &ids[b * 32], &mask[b * 32], &types[b * 32], &labels[b]);
+  labels = {0, 1, 1, 0};
+  for (int step = 0; step < 3; ++step) {
+    for (TrainingRun* r : {&on_gpu, &on_cpu}) {
+      r->micro_step(ids.data(), mask.data(), types.data(), labels.data(), 4, 1.0f, uint64_t(step));
+      r->optimizer_step(1e-3, step + 1);
+    }
+    const double lg = on_gpu.take_loss_sum(), lc = on_cpu.take_loss_sum();
+    EXPECT_NEAR(lg, lc, 1e-5 * std::fabs(lc)) << "step " << step;
+  }
+  std::vector<float> wg(w.size()), wc(w.size());
+  on_gpu.read_weights(wg.data());
+  on_cpu.read_weights(wc.data());
+  EXPECT_LT(test::norm_rel_error(wg.data(), wc.data(), int64_t(w.size())), 1e-5);
+}
+
+// A model trained on the GPU and saved loads on the CPU and gives the same logits.
+TEST(GpuParity, CheckpointFromGpuGivesSameLogitsOnCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  CpuBackend cpu;
+  BertConfig c = dropout_config();
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  TrainingArguments a;
+  a.per_device_train_batch_size = 2;
+  TrainingRun on_gpu(a, c, 16, *cuda);
+  std::vector<float> w(size_t(on_gpu.model().layout().count()));
+  init_weights(c, on_gpu.model().layout(), w.data(), 9);
+  on_gpu.write_weights(w.data());
+  std::vector<int32_t> ids(32, 1000), mask(32, 1), types(32, 0);
+  for (int i = 0; i < 32; ++i) ids[size_t(i)] = 1000 + 37 * i;
+  std::vector<float> labels = {1, 0};
+  on_gpu.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 2, 1.0f, 0);
+  on_gpu.optimizer_step(1e-3, 1);
+  on_gpu.read_weights(w.data());
+  test::TempDir dir;
+  save_pretrained(dir.path, c, on_gpu.model().layout(), w.data());
+
+  ModelSource src = resolve_model(dir.path);
+  TrainingRun on_cpu(a, src.config, 16, cpu);
+  std::vector<float> back(w.size());
+  load_weights(src.weights_path, src.config, on_cpu.model().layout(), back.data(), 0);
+  on_cpu.write_weights(back.data());
+  float lg[4], lc[4];
+  on_gpu.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 2, 1.0f, 1, lg);
+  on_cpu.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 2, 1.0f, 1, lc);
+  EXPECT_LT(test::max_rel_error(lg, lc, 4, 1e-3), 1e-5);
+}
+
+// After a warm-up step, steps take no memory: no arena allocation and no change in the
+// device's free memory (which would catch a library allocating behind our back).
+TEST(GpuMemory, StepsAllocateNothing) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  const BertConfig c = dropout_config();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  TrainingRun run(a, c, 32, *cuda);
+  std::vector<float> w(size_t(run.model().layout().count()));
+  init_weights(c, run.model().layout(), w.data(), 3);
+  run.write_weights(w.data());
+  std::vector<int32_t> ids(128, 2000), mask(128, 1), types(128, 0);
+  std::vector<float> labels = {0, 1, 1, 0};
+  auto step = [&](int k) {
+    run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 4, 1.0f, uint64_t(k));
+    run.optimizer_step(1e-4, k + 1);
+    run.take_loss_sum();
+  };
+  step(0);
+  size_t free_before = 0, free_after = 0, total = 0;
+  cuda->synchronize();
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  const int64_t arenas = Arena::allocation_count();
+  for (int k = 1; k < 4; ++k) step(k);
+  cuda->synchronize();
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_EQ(Arena::allocation_count(), arenas);
+  EXPECT_EQ(free_after, free_before);
+}
+
+}  // namespace
+}  // namespace hone

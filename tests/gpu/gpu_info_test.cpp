@@ -1,0 +1,71 @@
+// gpu_memory and the `hone env` report on a real GPU.
+#include "hone/gpu_info.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "hone/cuda.h"
+
+namespace hone {
+namespace {
+
+class GpuInfo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  }
+  int devices = 0;
+};
+
+TEST_F(GpuInfo, EveryDeviceReportsConsistentMemory) {
+  for (int dev = 0; dev < devices; ++dev) {
+    const std::optional<GpuMemory> m = gpu_memory(dev);
+    ASSERT_TRUE(m) << "device " << dev;
+    EXPECT_GT(m->total, 0u);
+    EXPECT_LE(m->used, m->total);
+    EXPECT_LE(m->free, m->total);
+    EXPECT_FALSE(m->source.empty());
+  }
+  EXPECT_FALSE(gpu_memory(devices));
+  EXPECT_FALSE(gpu_memory(-1));
+}
+
+TEST_F(GpuInfo, AllocationShowsInUsedMemory) {
+  std::unique_ptr<Backend> be = make_cuda_backend({});  // the context exists before the first reading
+  constexpr uint64_t kBytes = 256ull << 20;
+  const std::optional<GpuMemory> before = gpu_memory(0);
+  ASSERT_TRUE(before);
+  void* p = be->allocate(kBytes);
+  const std::optional<GpuMemory> after = gpu_memory(0);
+  be->deallocate(p);
+  ASSERT_TRUE(after);
+  // Which path answered, for whoever reads the log: NVML, or the fallback and why.
+  const std::string mine = after->process_known ? std::to_string(after->process_used >> 20) + " MiB" : "unknown";
+  std::printf("gpu_memory(0) source: %s; this process: %s\n", after->source.c_str(), mine.c_str());
+  EXPECT_GE(after->used, before->used + kBytes) << after->source;
+  if (after->process_known) {
+    EXPECT_GE(after->process_used, kBytes);
+  }
+}
+
+TEST_F(GpuInfo, EnvironmentReportNamesEveryGpu) {
+  const std::string report = gpu_environment_report();
+  for (int dev = 0; dev < devices; ++dev) {
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, dev), cudaSuccess);
+    EXPECT_NE(report.find("GPU " + std::to_string(dev) + ": "), std::string::npos) << report;
+    EXPECT_NE(report.find(std::to_string(prop.major) + "." + std::to_string(prop.minor)), std::string::npos)
+        << report;
+  }
+  EXPECT_NE(report.find("hone features: fp32 yes"), std::string::npos) << report;
+  EXPECT_EQ(report.find("none usable"), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace hone

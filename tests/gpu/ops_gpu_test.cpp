@@ -1,0 +1,494 @@
+// Every op of the CUDA backend against the CPU reference backend on the same random
+// inputs and shapes, odd sizes included: fp32 within 1e-5 relative, TF32 products
+// within 1e-3, dropout masks and data movement identical.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hone/cpu_backend.h"
+#include "hone/cuda.h"
+#include "hone/ops.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+using test::HostTensor;
+
+constexpr double kFp32Tol = 1e-5;
+// TF32 keeps 10 of fp32's 23 mantissa bits; these products and attention land near 3e-4.
+constexpr double kTf32Tol = 1e-3;
+// Element-wise sizes: one element, less than a vector, odd, and past a million with a tail.
+constexpr int64_t kSizes[] = {1, 7, 1001, (1 << 20) + 3};
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  HostTensor h(DType::F32, s);
+  test::fill_uniform(h, seed, lo, hi);
+  return h;
+}
+
+HostTensor filled(Shape s, float value) {
+  HostTensor h(DType::F32, s);
+  std::fill(h.f(), h.f() + h.n(), value);
+  return h;
+}
+
+// Outputs that an op overwrites start as NaN on both sides, so an element the GPU never
+// writes fails the comparison.
+HostTensor nans(Shape s) { return filled(s, std::numeric_limits<float>::quiet_NaN()); }
+
+HostTensor random_ints(Shape s, uint64_t seed, int lo, int hi) {
+  HostTensor h(DType::I32, s);
+  std::mt19937_64 g(seed);
+  std::uniform_int_distribution<int> u(lo, hi - 1);
+  for (int64_t i = 0; i < h.n(); ++i) h.i()[i] = u(g);
+  return h;
+}
+
+HostTensor clone(const HostTensor& h) {
+  HostTensor c(h.t.dtype, h.t.shape);
+  c.storage = h.storage;
+  return c;
+}
+
+// Device memory from the backend's allocator holding a copy of a host tensor. Transfers
+// go through the runtime directly, so that the ops under test are not also the harness.
+struct DeviceTensor {
+  Backend& be;
+  Tensor t;
+
+  DeviceTensor(Backend& backend, const HostTensor& h) : be(backend), t(h.t) {
+    t.device = Device::CUDA;
+    t.data = be.allocate(std::max<size_t>(h.t.bytes(), 1));
+    upload(h);
+  }
+  ~DeviceTensor() { be.deallocate(t.data); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+
+  // The device synchronizations order these copies (legacy default stream) with the
+  // backend's own non-blocking stream: a pageable upload may still be in flight when
+  // cudaMemcpy returns.
+  void upload(const HostTensor& h) {
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_ok(cudaMemcpy(t.data, h.t.data, h.t.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  std::vector<float> download() const {
+    std::vector<float> v(size_t(t.numel()));
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_ok(cudaMemcpy(v.data(), t.data, v.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    return v;
+  }
+};
+
+enum Side { kCpu, kGpu };
+
+// One tensor on both sides with the same starting values: `cpu` is what CpuBackend
+// computes on (and holds the reference result afterwards), `gpu` its device copy.
+struct Both {
+  HostTensor init, cpu;
+  DeviceTensor gpu;
+  Both(Backend& gpu_backend, HostTensor h) : init(std::move(h)), cpu(clone(init)), gpu(gpu_backend, init) {}
+  Tensor& operator[](Side s) { return s == kCpu ? cpu.t : gpu.t; }
+  // Back to the starting values on the device, for a run on another GPU backend.
+  void reset() { gpu.upload(init); }
+};
+
+// The device result against the CPU's: the norm-wise relative error, and the largest
+// element error relative to the largest reference magnitude, both within tol.
+void expect_close(const std::string& what, const Both& x, double tol) {
+  const std::vector<float> got = x.gpu.download();
+  const float* want = x.cpu.t.f32();
+  const int64_t n = x.cpu.n();
+  double scale = 0, worst = 0;
+  int64_t worst_i = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    scale = std::max(scale, std::fabs(double(want[i])));
+    double err = std::fabs(double(got[size_t(i)]) - want[i]);
+    if (std::isnan(err)) err = INFINITY;  // no error is worse
+    if (err > worst) worst = err, worst_i = i;
+  }
+  EXPECT_LE(test::norm_rel_error(got.data(), want, n), tol) << what;
+  EXPECT_LE(worst, tol * scale) << what << ": element " << worst_i << " is " << got[size_t(worst_i)]
+                                << " on the GPU, " << want[worst_i] << " on the CPU (largest |value| " << scale << ")";
+}
+
+// Each element within 1e-6 of the CPU's, relative to max(1, |value|): results that must
+// agree bit for bit up to the last rounding (dropout masks, data movement).
+void expect_same(const std::string& what, const Both& x) {
+  const std::vector<float> got = x.gpu.download();
+  const float* want = x.cpu.t.f32();
+  for (int64_t i = 0; i < x.cpu.n(); ++i)
+    ASSERT_LE(std::fabs(double(got[size_t(i)]) - want[i]), 1e-6 * std::max(1.0, std::fabs(double(want[i]))))
+        << what << ": element " << i << " is " << got[size_t(i)] << " on the GPU, " << want[i] << " on the CPU";
+}
+
+struct GpuRun {
+  Backend* be;
+  double tol;
+  std::string name;
+};
+
+class GpuOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    gpu_ = make_cuda_backend({});
+  }
+  Backend& gpu() { return *gpu_; }
+  // Where each op runs in turn: the CPU reference, then the GPU.
+  std::vector<std::pair<Backend*, Side>> sides() { return {{&cpu, kCpu}, {gpu_.get(), kGpu}}; }
+
+  CpuBackend cpu;
+  std::unique_ptr<Backend> gpu_;
+};
+
+// ---------------------------------------------------------------------------- memory
+
+TEST_F(GpuOps, FillCopyReadAddScaled) {
+  Backend& g = gpu();
+  for (int64_t n : kSizes) {
+    const std::string at = " (n = " + std::to_string(n) + ")";
+    Both x(g, random({n}, 1)), y(g, random({n}, 2)), z(g, nans({n})), f(g, nans({n}));
+    for (auto [be, s] : sides()) {
+      ops::add_scaled(*be, x[s], -0.75f, y[s]);
+      ops::copy(*be, x[s], z[s]);
+      ops::fill(*be, f[s], 2.5f);
+    }
+    expect_close("add_scaled" + at, y, kFp32Tol);
+    expect_same("copy" + at, z);
+    expect_same("fill" + at, f);
+    const size_t head = size_t(std::min<int64_t>(n, 5));
+    std::vector<float> host(head);
+    g.read(y.gpu.t, host.data(), head);
+    const std::vector<float> all = y.gpu.download();
+    for (size_t i = 0; i < head; ++i) EXPECT_EQ(host[i], all[i]) << "read" << at;
+  }
+}
+
+// ---------------------------------------------------------------------------- linear
+
+TEST_F(GpuOps, LinearMatchesCpuInFp32AndTf32) {
+  Backend& g = gpu();
+  std::unique_ptr<Backend> tf32 = make_cuda_backend({.tf32 = true});
+  const std::vector<GpuRun> gpus = {{&g, kFp32Tol, "fp32"}, {tf32.get(), kTf32Tol, "tf32"}};
+  struct Case {
+    int m, k, n;
+    bool large;  // skips the variants, to stay fast, and checks that TF32 shows
+  };
+  for (const Case& c : {Case{7, 13, 5, false}, Case{130, 257, 96, false}, Case{2048, 1024, 3072, true}}) {
+    const int M = c.m, K = c.k, N = c.n;
+    Both x(g, random({M, K}, 1)), w(g, random({N, K}, 2)), b(g, random({N}, 3)), dy(g, random({M, N}, 4));
+    // Forward with bias; backward with dx overwritten, dw and db accumulated.
+    Both y(g, nans({M, N})), dx1(g, nans({M, K})), dw1(g, random({N, K}, 5)), db1(g, random({N}, 6));
+    // The variants: no bias; dx accumulated without db; no dx. Empty in the large case.
+    const int vm = c.large ? 0 : M, vn = c.large ? 0 : N;
+    Both y_nobias(g, nans({vm, N})), dx2(g, random({vm, K}, 7)), dw2(g, random({vn, K}, 8));
+    Both dw3(g, random({vn, K}, 9)), db3(g, random({vn}, 10));
+    auto run = [&](Backend& be, Side s) {
+      ops::linear_forward(be, x[s], w[s], &b[s], y[s]);
+      ops::linear_backward(be, dy[s], x[s], w[s], &dx1[s], false, dw1[s], &db1[s]);
+      if (c.large) return;
+      ops::linear_forward(be, x[s], w[s], nullptr, y_nobias[s]);
+      ops::linear_backward(be, dy[s], x[s], w[s], &dx2[s], true, dw2[s], nullptr);
+      ops::linear_backward(be, dy[s], x[s], w[s], nullptr, false, dw3[s], &db3[s]);
+    };
+    run(cpu, kCpu);
+    for (const GpuRun& r : gpus) {
+      for (Both* o : {&y, &y_nobias, &dx1, &dw1, &db1, &dx2, &dw2, &dw3, &db3}) o->reset();
+      run(*r.be, kGpu);
+      const std::string at = fmt::format(" M={} K={} N={} {}", M, K, N, r.name);
+      expect_close("y" + at, y, r.tol);
+      expect_close("y without bias" + at, y_nobias, r.tol);
+      expect_close("dx" + at, dx1, r.tol);
+      expect_close("dw" + at, dw1, r.tol);
+      expect_close("db" + at, db1, r.tol);
+      expect_close("accumulated dx" + at, dx2, r.tol);
+      expect_close("dw without db" + at, dw2, r.tol);
+      expect_close("dw without dx" + at, dw3, r.tol);
+      expect_close("db without dx" + at, db3, r.tol);
+    }
+    if (c.large) {
+      // The TF32 backend ran last: its result should show TF32's rounding, or the
+      // option never reached cuBLAS.
+      const std::vector<float> got = y.gpu.download();
+      EXPECT_GT(test::norm_rel_error(got.data(), y.cpu.f(), y.cpu.n()), 1e-6) << "tf32 made no difference";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- attention
+
+TEST_F(GpuOps, AttentionMatchesCpuWithPaddingAndDropout) {
+  Backend& g = gpu();
+  std::unique_ptr<Backend> tf32 = make_cuda_backend({.tf32 = true});
+  const std::vector<GpuRun> gpus = {{&g, kFp32Tol, "fp32"}, {tf32.get(), kTf32Tol, "tf32"}};
+  struct Case {
+    int batch, seq, heads, head_dim;
+    std::vector<int> valid;  // unpadded keys of each sequence; 0 masks a whole sequence
+  };
+  for (const Case& c : {Case{2, 5, 3, 4, {5, 3}}, Case{2, 128, 4, 64, {128, 100}}, Case{2, 5, 3, 4, {5, 0}}}) {
+    const AttentionDims d{c.batch, c.seq, c.heads, c.head_dim, 1.0f / std::sqrt(float(c.head_dim))};
+    const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+    HostTensor mask_host(DType::I32, {d.batch, d.seq});
+    for (int b = 0; b < d.batch; ++b)
+      for (int j = 0; j < d.seq; ++j) mask_host.i()[b * d.seq + j] = j < c.valid[size_t(b)];
+    for (float p : {0.0f, 0.1f}) {
+      const DropoutSpec drop{p, 1234, 5};
+      Both qkv(g, random({T, 3 * H}, 11)), mask(g, clone(mask_host)), dctx(g, random({T, H}, 12));
+      Both probs(g, nans({d.batch, d.heads, d.seq, d.seq})), ctx(g, nans({T, H})), dqkv(g, nans({T, 3 * H}));
+      HostTensor cpu_work(DType::F32, {cpu.attention_workspace_elems(d)});
+      DeviceTensor work(g, nans({std::max(g.attention_workspace_elems(d), tf32->attention_workspace_elems(d))}));
+      auto forward = [&](Backend& be, Side s) {
+        ops::attention_forward(be, qkv[s], mask[s], d, drop, probs[s], ctx[s], s == kCpu ? cpu_work.t : work.t);
+      };
+      auto backward = [&](Backend& be, Side s) {
+        ops::attention_backward(be, dctx[s], qkv[s], probs[s], d, drop, dqkv[s], s == kCpu ? cpu_work.t : work.t);
+      };
+      forward(cpu, kCpu);
+      backward(cpu, kCpu);
+      const std::string shape = fmt::format(" B={} S={} heads={} hd={} valid={},{} p={}", d.batch, d.seq, d.heads,
+                                            d.head_dim, c.valid[0], c.valid[1], p);
+      for (const GpuRun& r : gpus) {
+        for (Both* o : {&probs, &ctx, &dqkv}) o->reset();
+        forward(*r.be, kGpu);
+        expect_close("probs" + shape + " " + r.name, probs, r.tol);
+        expect_close("ctx" + shape + " " + r.name, ctx, r.tol);
+        probs.gpu.upload(probs.cpu);  // backward from the same probabilities as the CPU's
+        backward(*r.be, kGpu);
+        expect_close("dqkv" + shape + " " + r.name, dqkv, r.tol);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- layernorm
+
+TEST_F(GpuOps, LayerNormMatchesCpuAndAccumulatesParameterGrads) {
+  Backend& g = gpu();
+  for (auto [R, C] : {std::pair<int, int>{7, 13}, {2048, 1024}}) {
+    // Rows with a non-zero mean, as hidden states have; BERT's eps.
+    const float eps = 1e-12f;
+    Both x(g, random({R, C}, 1, -1.0f, 3.0f)), gamma(g, random({C}, 2, 0.5f, 1.5f)), beta(g, random({C}, 3));
+    Both y(g, nans({R, C})), mean(g, nans({R})), rstd(g, nans({R}));
+    Both dy(g, random({R, C}, 4)), dx(g, nans({R, C})), dgamma(g, random({C}, 5)), dbeta(g, random({C}, 6));
+    for (auto [be, s] : sides())
+      ops::layernorm_forward(*be, x[s], gamma[s], beta[s], eps, y[s], mean[s], rstd[s]);
+    const std::string at = fmt::format(" ({} x {})", R, C);
+    expect_close("y" + at, y, kFp32Tol);
+    expect_close("mean" + at, mean, kFp32Tol);
+    expect_close("rstd" + at, rstd, kFp32Tol);
+    mean.gpu.upload(mean.cpu);  // backward from the same statistics as the CPU's
+    rstd.gpu.upload(rstd.cpu);
+    for (auto [be, s] : sides())
+      ops::layernorm_backward(*be, dy[s], x[s], gamma[s], mean[s], rstd[s], dx[s], dgamma[s], dbeta[s]);
+    expect_close("dx" + at, dx, kFp32Tol);
+    expect_close("dgamma" + at, dgamma, kFp32Tol);
+    expect_close("dbeta" + at, dbeta, kFp32Tol);
+  }
+}
+
+// ---------------------------------------------------------------------------- elementwise
+
+// Values in [-4, 4], none exactly 0 where relu has its kink.
+HostTensor activation_input(int64_t n) {
+  HostTensor x = random({n}, 8, -4.0f, 4.0f);
+  for (int64_t i = 0; i < n; ++i)
+    if (x.f()[i] == 0.0f) x.f()[i] = 0.5f;
+  return x;
+}
+
+TEST_F(GpuOps, ActivationsAndTanhMatchCpuAlsoInPlace) {
+  Backend& g = gpu();
+  for (int64_t n : kSizes) {
+    for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+      Both x(g, activation_input(n)), y(g, nans({n})), dy(g, random({n}, 9)), dx(g, nans({n}));
+      for (auto [be, s] : sides()) {
+        ops::activation_forward(*be, a, x[s], y[s]);
+        ops::activation_backward(*be, a, dy[s], x[s], dx[s]);
+        ops::activation_backward(*be, a, dy[s], x[s], dy[s]);  // dx aliases dy
+      }
+      const std::string at = fmt::format(" (activation {}, n = {})", int(a), n);
+      expect_close("y" + at, y, kFp32Tol);
+      expect_close("dx" + at, dx, kFp32Tol);
+      expect_close("dx in place" + at, dy, kFp32Tol);
+    }
+    Both x(g, activation_input(n)), y(g, nans({n})), dy(g, random({n}, 9)), dx(g, nans({n}));
+    for (auto [be, s] : sides()) ops::tanh_forward(*be, x[s], y[s]);
+    const std::string at = fmt::format(" (n = {})", n);
+    expect_close("tanh" + at, y, kFp32Tol);
+    y.gpu.upload(y.cpu);  // backward from the same output as the CPU's
+    for (auto [be, s] : sides()) ops::tanh_backward(*be, dy[s], y[s], dx[s]);
+    expect_close("tanh dx" + at, dx, kFp32Tol);
+  }
+}
+
+TEST_F(GpuOps, DropoutMasksEqualCpuAlsoWhenAliased) {
+  Backend& g = gpu();
+  for (int64_t n : kSizes) {
+    for (float p : {0.0f, 0.1f}) {
+      // Seed and stream use their high words, which a 32-bit slip would lose.
+      const DropoutSpec d{p, 0x9E3779B97F4A7C15ull, (1ull << 33) + 5};
+      // Inputs away from 0, so that a kept element never looks dropped.
+      Both x(g, random({n}, 1, 0.5f, 1.5f)), res(g, random({n}, 2)), y(g, nans({n})), out(g, nans({n}));
+      Both xa(g, random({n}, 1, 0.5f, 1.5f)), xb(g, random({n}, 1, 0.5f, 1.5f)), ra(g, random({n}, 2));
+      for (auto [be, s] : sides()) {
+        ops::dropout(*be, x[s], d, y[s]);
+        ops::dropout_add(*be, x[s], res[s], d, out[s]);
+        ops::dropout(*be, xa[s], d, xa[s]);               // y aliases x
+        ops::dropout_add(*be, xb[s], res[s], d, xb[s]);   // out aliases x
+        ops::dropout_add(*be, x[s], ra[s], d, ra[s]);     // out aliases residual
+      }
+      const std::string at = fmt::format(" (n = {}, p = {})", n, p);
+      expect_same("dropout" + at, y);
+      expect_same("dropout_add" + at, out);
+      expect_same("dropout in place" + at, xa);
+      expect_same("dropout_add into x" + at, xb);
+      expect_same("dropout_add into residual" + at, ra);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- embedding
+
+TEST_F(GpuOps, EmbeddingGatherScatterMatchCpu) {
+  Backend& g = gpu();
+  struct Case {
+    int batch, seq, hidden, vocab, positions;
+  };
+  for (const Case& c : {Case{3, 37, 13, 50, 40}, Case{8, 128, 768, 1000, 512}}) {
+    const int64_t T = int64_t(c.batch) * c.seq;
+    HostTensor ids_host = random_ints({T}, 1, 0, c.vocab);
+    for (int64_t t = 0; t < T; t += 4) ids_host.i()[t] = 1;  // a frequent token: many adds into one row
+    Both ids(g, std::move(ids_host)), types(g, random_ints({T}, 2, 0, 2));
+    Both word(g, random({c.vocab, c.hidden}, 3)), pos(g, random({c.positions, c.hidden}, 4));
+    Both type(g, random({2, c.hidden}, 5)), out(g, nans({T, c.hidden})), dout(g, random({T, c.hidden}, 6));
+    Both dword(g, random({c.vocab, c.hidden}, 7)), dpos(g, random({c.positions, c.hidden}, 8));
+    Both dtype(g, random({2, c.hidden}, 9));
+    Both first(g, nans({c.batch, c.hidden})), dfirst(g, random({c.batch, c.hidden}, 10));
+    Both dhidden(g, nans({T, c.hidden}));
+    for (auto [be, s] : sides()) {
+      ops::embedding_forward(*be, ids[s], types[s], word[s], pos[s], type[s], c.seq, out[s]);
+      ops::embedding_backward(*be, dout[s], ids[s], types[s], c.seq, dword[s], dpos[s], dtype[s]);
+      ops::gather_first_tokens(*be, dout[s], c.seq, first[s]);
+      ops::scatter_first_tokens(*be, dfirst[s], c.seq, dhidden[s]);
+    }
+    const std::string at = fmt::format(" (B={} S={} hidden={})", c.batch, c.seq, c.hidden);
+    expect_close("out" + at, out, kFp32Tol);
+    expect_close("dword" + at, dword, kFp32Tol);
+    expect_close("dpos" + at, dpos, kFp32Tol);
+    expect_close("dtype" + at, dtype, kFp32Tol);
+    expect_same("gather_first_tokens" + at, first);
+    expect_same("scatter_first_tokens" + at, dhidden);
+  }
+}
+
+// ---------------------------------------------------------------------------- loss
+
+TEST_F(GpuOps, CrossEntropyMatchesCpuWithIgnoredRows) {
+  Backend& g = gpu();
+  struct Case {
+    int rows, classes;
+    std::vector<int> ignored;  // rows labelled -100
+  };
+  for (const Case& c : {Case{4, 5, {1}}, Case{64, 2, {0, 7, 63}}, Case{7, 1001, {3}}, Case{2, 3, {0, 1}}}) {
+    HostTensor labels_host = random_ints({c.rows}, 1, 0, c.classes);
+    for (int r : c.ignored) labels_host.i()[r] = -100;
+    Both logits(g, random({c.rows, c.classes}, 2, -2.0f, 2.0f)), labels(g, std::move(labels_host));
+    Both loss(g, nans({1})), dlogits(g, nans({c.rows, c.classes}));
+    for (auto [be, s] : sides())
+      ops::cross_entropy(*be, logits[s], labels[s], 0.5f, loss[s], dlogits[s]);
+    // With every row ignored both must be exactly 0: the tolerance scales with the reference.
+    const std::string at = fmt::format(" ({} x {}, {} ignored)", c.rows, c.classes, c.ignored.size());
+    expect_close("loss" + at, loss, kFp32Tol);
+    expect_close("dlogits" + at, dlogits, kFp32Tol);
+  }
+}
+
+TEST_F(GpuOps, MseMatchesCpu) {
+  Backend& g = gpu();
+  for (Shape shape : {Shape{5}, Shape{5, 1}, Shape{1001}}) {
+    Both pred(g, random(shape, 1)), target(g, random({shape[0]}, 2)), loss(g, nans({1})), dpred(g, nans(shape));
+    for (auto [be, s] : sides())
+      ops::mse(*be, pred[s], target[s], 2.0f, loss[s], dpred[s]);
+    expect_close("loss " + shape.str(), loss, kFp32Tol);
+    expect_close("dpred " + shape.str(), dpred, kFp32Tol);
+  }
+}
+
+// ---------------------------------------------------------------------------- optimizer
+
+TEST_F(GpuOps, SumSquaresOfTenMillionElements) {
+  Backend& g = gpu();
+  const int64_t n = 10'000'000;
+  Both x(g, random({n}, 1)), out(g, filled({1}, 3.0f));  // accumulates onto 3
+  double want = 3.0;
+  for (int64_t i = 0; i < n; ++i) want += double(x.cpu.f()[i]) * x.cpu.f()[i];
+  for (auto [be, s] : sides()) ops::sum_squares(*be, x[s], out[s]);
+  const double got = out.gpu.download()[0];
+  EXPECT_NEAR(got, want, 1e-6 * want);
+  EXPECT_NEAR(got, out.cpu.f()[0], 1e-6 * want);
+}
+
+TEST_F(GpuOps, SumSquaresAccumulatesAcrossBuffers) {
+  Backend& g = gpu();
+  Both out(g, filled({1}, 0.0f));
+  for (int64_t n : kSizes) {
+    Both x(g, random({n}, uint64_t(n)));
+    for (auto [be, s] : sides()) ops::sum_squares(*be, x[s], out[s]);
+    EXPECT_NEAR(out.gpu.download()[0], out.cpu.f()[0], 1e-6 * out.cpu.f()[0]) << "after n = " << n;
+  }
+}
+
+TEST_F(GpuOps, ClipCoefficientMatchesCpu) {
+  Backend& g = gpu();
+  for (float sumsq : {9.0f, 1e-12f, 0.0f, 2.5e7f})
+    for (float max_norm : {1.0f, 10.0f, 0.0f, -1.0f, 1e-6f}) {
+      Both in(g, filled({1}, sumsq)), coef(g, nans({2}));
+      for (auto [be, s] : sides())
+        ops::clip_coefficient(*be, in[s], max_norm, coef[s]);
+      const std::vector<float> got = coef.gpu.download();
+      for (int i = 0; i < 2; ++i)
+        EXPECT_NEAR(got[size_t(i)], coef.cpu.f()[i], 1e-6 * std::fabs(coef.cpu.f()[i]))
+            << "norm_coef[" << i << "] for sumsq " << sumsq << ", max_norm " << max_norm;
+    }
+}
+
+TEST_F(GpuOps, AdamWTwoStepsMatchCpu) {
+  Backend& g = gpu();
+  for (int64_t n : {int64_t(7), int64_t(1 << 20) + 3}) {
+    Both p(g, random({n}, 1)), m(g, filled({n}, 0.0f)), v(g, filled({n}, 0.0f)), coef(g, filled({2}, 0.0f));
+    for (int step = 1; step <= 2; ++step) {
+      Both grad(g, random({n}, uint64_t(10 + step)));
+      // The first step is clipped; the coefficient is read from device memory.
+      coef.cpu.f()[1] = step == 1 ? 0.5f : 1.0f;
+      coef.gpu.upload(coef.cpu);
+      // A large learning rate, so that an error in the update shows against the weights.
+      const AdamWStep st{.lr = 0.05, .weight_decay = 0.1, .step = step};
+      for (auto [be, s] : sides())
+        ops::adamw(*be, p[s], grad[s], m[s], v[s], st, coef[s]);
+      const std::string at = fmt::format(" after step {} (n = {})", step, n);
+      expect_close("param" + at, p, kFp32Tol);
+      expect_close("m" + at, m, kFp32Tol);
+      expect_close("v" + at, v, kFp32Tol);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hone

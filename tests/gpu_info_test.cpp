@@ -1,0 +1,23 @@
+// gpu_memory and the `hone env` report where no GPU is usable: a CPU-only build, or a
+// CUDA build on a machine without a GPU or driver. hone_gpu_tests covers the GPU case.
+#include "hone/gpu_info.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "hone/cuda.h"
+
+namespace hone {
+namespace {
+
+TEST(GpuInfoWithoutGpu, NoMemoryAndTheReportSaysWhy) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is usable: hone_gpu_tests covers this machine";
+  EXPECT_FALSE(gpu_memory(0));
+  const std::string report = gpu_environment_report();
+  EXPECT_NE(report.find("GPU: none usable: " + why), std::string::npos) << report;
+}
+
+}  // namespace
+}  // namespace hone
