@@ -1,8 +1,14 @@
 # Front door: `make demo` and `make test` install what is missing, configure and build.
 BUILD ?= build
 JOBS ?= $(shell nproc)
+# The seed experiment on a GPU; a small BERT on a CPU-only machine.
+ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
+DEMO_ARGS ?= --model_name_or_path bert-large-uncased --dataset synthetic:512x512 --per_device_train_batch_size 4 \
+             --num_train_epochs 1 --output_dir out/demo
+else
 DEMO_ARGS ?= --model_name_or_path bert-tiny --dataset synthetic:512x128 --per_device_train_batch_size 8 \
              --num_train_epochs 1 --logging_steps 16 --output_dir out/demo
+endif
 
 .PHONY: deps build test demo clean
 

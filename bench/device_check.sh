@@ -3,13 +3,13 @@
 # then the seed benchmark against HF Trainer. Usage: bench/device_check.sh HF_TRAINER_BENCH.py
 set -uo pipefail
 hf_script=$1
-out=${OUT:-bench-out}
+out=$(realpath -m "${OUT:-bench-out}")
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
   ${HONE_CMAKE_FLAGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
 ninja -C build-bench >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
-(cd build-bench && ctest --output-on-failure >"../$out/ctest.log" 2>&1)
+(cd build-bench && ctest --output-on-failure >"$out/ctest.log" 2>&1)
 grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)" "$out/ctest.log" | head -30
-grep -E "^\[bert_" "$out/ctest.log" | head -20
+build-bench/tests/gpu/hone_gpu_tests --gtest_filter='Fixtures*' 2>&1 | grep -E "^\[bert_|Failure|Expected|actual|^bert|^class" | head -30
 bash bench/seed_bench.sh "$hf_script" "$out"
