@@ -237,8 +237,10 @@ std::string device_report(int dev) {
   auto feature = [&](const char* what, bool hardware) {
     return fmt::format("{} {}", what, usable && hardware ? "yes" : "no");
   };
-  out += fmt::format("  hone features: {}, {}, {}, {}, fused attention no (planned)\n", feature("fp32", true),
-                     feature("tf32", cc >= 80), feature("bf16", cc >= 80), feature("fp16", cc >= 53));
+  // bf16/fp16 training and fused attention are not in hone yet: say so, with what the GPU could do.
+  out += fmt::format("  hone features: {}, {}; not yet in hone: bf16 and fp16 training (GPU support: {}), "
+                     "fused attention\n",
+                     feature("fp32", true), feature("tf32", cc >= 80), usable && cc >= 80 ? "yes" : "no");
   return out;
 }
 
