@@ -185,20 +185,20 @@ struct AttentionCase {
   HostTensor qkv = random({10, 36}, 11, -2.0f, 2.0f);
   // Batch 1 pads its last two keys; batch 0 attends everywhere.
   HostTensor mask = ints({2, 5}, {1, 1, 1, 1, 1, 1, 1, 1, 0, 0});
-  HostTensor probs{DType::F32, {2, 3, 5, 5}};
+  HostTensor stats{DType::F32, {2, 3, 5, 2}};
   HostTensor ctx{DType::F32, {10, 12}};
   HostTensor work;
   explicit AttentionCase(const Backend& be) : work(DType::F32, {be.attention_workspace_elems(d)}) {}
 };
 
-// probs [B, heads, S, S] and ctx [B*S, H] computed in double from the definition.
-void attention_reference(const AttentionCase& c, const DropoutSpec& drop, std::vector<double>& probs,
+// stats [B, heads, S, {max, 1 / sum}] and ctx [B*S, H] computed in double from the definition.
+void attention_reference(const AttentionCase& c, const DropoutSpec& drop, std::vector<double>& stats,
                          std::vector<double>& ctx) {
   const AttentionDims& d = c.d;
   const int S = d.seq, H = d.hidden(), hd = d.head_dim;
   const float* qkv = c.qkv.t.f32();
   const int32_t* mask = c.mask.t.ptr<int32_t>();
-  probs.assign(size_t(d.batch) * d.heads * S * S, 0.0);
+  stats.assign(size_t(d.batch) * d.heads * S * 2, 0.0);
   ctx.assign(size_t(d.batch) * S * H, 0.0);
   auto at = [&](int b, int s, int col) { return double(qkv[(b * S + s) * 3 * H + col]); };
   for (int b = 0; b < d.batch; ++b)
@@ -213,11 +213,13 @@ void attention_reference(const AttentionCase& c, const DropoutSpec& drop, std::v
           mx = std::max(mx, row[j]);
         }
         for (int j = 0; j < S; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        const size_t r = (size_t(b) * d.heads + h) * S + i;
+        stats[2 * r] = mx;
+        stats[2 * r + 1] = 1.0 / sum;
         for (int j = 0; j < S; ++j) {
-          const size_t idx = ((size_t(b) * d.heads + h) * S + i) * S + j;
-          probs[idx] = row[j] / sum;
+          const size_t idx = r * S + j;
           const bool keep = drop.p == 0 || dropout_keep(drop.seed, drop.stream, idx, drop.p);
-          const double pd = keep ? probs[idx] / (1.0 - drop.p) : 0.0;
+          const double pd = keep ? row[j] / sum / (1.0 - drop.p) : 0.0;
           for (int e = 0; e < hd; ++e) ctx[(b * S + i) * H + h * hd + e] += pd * at(b, j, 2 * H + h * hd + e);
         }
       }
@@ -228,14 +230,11 @@ TEST(OpsAttention, ForwardMatchesDoubleReference) {
   for (float p : {0.0f, 0.3f}) {
     AttentionCase c(be);
     const DropoutSpec drop{p, 1234, 5};
-    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.probs.t, c.ctx.t, c.work.t);
-    std::vector<double> probs, ctx;
-    attention_reference(c, drop, probs, ctx);
-    expect_close("probs, p = " + std::to_string(p), c.probs.f(), probs);
+    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.ctx.t, c.work.t);
+    std::vector<double> stats, ctx;
+    attention_reference(c, drop, stats, ctx);
+    expect_close("stats, p = " + std::to_string(p), c.stats.f(), stats);
     expect_close("ctx, p = " + std::to_string(p), c.ctx.f(), ctx);
-    // Padded keys get no weight.
-    for (int h = 0; h < 3; ++h)
-      for (int i = 0; i < 5; ++i) EXPECT_EQ(c.probs.f()[((1 * 3 + h) * 5 + i) * 5 + 4], 0.0f);
   }
 }
 
@@ -243,8 +242,15 @@ TEST(OpsAttention, FullyMaskedSequenceGivesUniformProbs) {
   CpuBackend be;
   AttentionCase c(be);
   for (int j = 0; j < 5; ++j) c.mask.i()[5 + j] = 0;
-  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.probs.t, c.ctx.t, c.work.t);
-  for (int i = 3 * 25; i < 6 * 25; ++i) EXPECT_FLOAT_EQ(c.probs.f()[i], 0.2f);
+  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.ctx.t, c.work.t);
+  // Every key weighs 1/5: each context row of sequence 1 is the mean of its value rows.
+  for (int r = 15; r < 30; ++r) EXPECT_FLOAT_EQ(c.stats.f()[2 * r + 1], 0.2f);
+  for (int i = 0; i < 5; ++i)
+    for (int col = 0; col < 12; ++col) {
+      double mean = 0;
+      for (int j = 0; j < 5; ++j) mean += c.qkv.f()[(5 + j) * 36 + 24 + col] / 5.0;
+      EXPECT_NEAR(c.ctx.f()[(5 + i) * 12 + col], mean, 1e-5);
+    }
 }
 
 TEST(OpsAttention, BackwardMatchesFiniteDifferences) {
@@ -254,12 +260,12 @@ TEST(OpsAttention, BackwardMatchesFiniteDifferences) {
     const DropoutSpec drop{p, 77, 2};
     HostTensor r = random({10, 12}, 12);
     auto loss = [&] {
-      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.probs.t, c.ctx.t, c.work.t);
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.ctx.t, c.work.t);
       return weighted_sum(c.ctx, r);
     };
     loss();
     HostTensor dqkv = filled({10, 36}, 5.0f);
-    ops::attention_backward(be, r.t, c.qkv.t, c.probs.t, c.d, drop, dqkv.t, c.work.t);
+    ops::attention_backward(be, r.t, c.qkv.t, c.mask.t, c.stats.t, c.d, drop, dqkv.t, c.work.t);
     expect_grad("dqkv, p = " + std::to_string(p), dqkv.f(), numeric_grad(c.qkv, loss, 1e-2f));
   }
 }
@@ -268,14 +274,14 @@ TEST(OpsAttention, WrapperChecksShapesAndWorkspace) {
   CpuBackend be;
   AttentionCase c(be);
   HostTensor small(DType::F32, {be.attention_workspace_elems(c.d) - 1});
-  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.probs.t, c.ctx.t, small.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.ctx.t, small.t), Error);
   HostTensor fmask = filled({2, 5}, 1.0f);
-  EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, fmask.t, c.d, {}, c.probs.t, c.ctx.t, c.work.t); }),
+  EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, fmask.t, c.d, {}, c.stats.t, c.ctx.t, c.work.t); }),
             "attention_forward: mask has dtype F32, expected I32");
   AttentionDims wrong = c.d;
   wrong.heads = 4;
-  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, wrong, {}, c.probs.t, c.ctx.t, c.work.t), Error);
-  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.probs.t, c.ctx.t, c.work.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, wrong, {}, c.stats.t, c.ctx.t, c.work.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.stats.t, c.ctx.t, c.work.t), Error);
 }
 
 // ---------------------------------------------------------------------------- layernorm
@@ -633,10 +639,10 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
   // The planner's tensors have no memory: nothing may be read, ids included.
   AttentionDims d{2, 5, 3, 4, 0.5f};
   Tensor qkv{nullptr, DType::F32, {10, 36}}, mask{nullptr, DType::I32, {2, 5}};
-  Tensor probs{nullptr, DType::F32, {2, 3, 5, 5}}, ctx{nullptr, DType::F32, {10, 12}};
+  Tensor stats{nullptr, DType::F32, {2, 3, 5, 2}}, ctx{nullptr, DType::F32, {10, 12}};
   Tensor work{nullptr, DType::F32, {be.attention_workspace_elems(d)}};
-  ops::attention_forward(be, qkv, mask, d, {0.1f, 1, 2}, probs, ctx, work);
-  ops::attention_backward(be, ctx, qkv, probs, d, {0.1f, 1, 2}, qkv, work);
+  ops::attention_forward(be, qkv, mask, d, {0.1f, 1, 2}, stats, ctx, work);
+  ops::attention_backward(be, ctx, qkv, mask, stats, d, {0.1f, 1, 2}, qkv, work);
   Tensor ids{nullptr, DType::I32, {10}}, word{nullptr, DType::F32, {50, 12}}, pos{nullptr, DType::F32, {8, 12}};
   Tensor type{nullptr, DType::F32, {2, 12}};
   ops::embedding_forward(be, ids, ids, word, pos, type, 5, ctx);

@@ -83,10 +83,11 @@ TEST(MemoryPlanOfRun, EstimateEqualsPlanEqualsAllocation) {
   EXPECT_EQ(estimate.category_bytes[size_t(Category::Gradients)], aligned(4 * params));
   EXPECT_EQ(estimate.category_bytes[size_t(Category::OptimizerState)], 2 * aligned(4 * params));
   // Saved activations: per layer qkv (3H), context, two residual sums, attention output
-  // (H each), FFN pre-activation (I), layer output (H), probabilities (heads x S x S) and
-  // four LayerNorm statistics per token, for B x S tokens; buffers are 256-byte aligned.
+  // (H each), FFN pre-activation (I), layer output (H), two softmax statistics per head
+  // and query (no [S, S] probabilities) and four LayerNorm statistics per token, for
+  // B x S tokens; buffers are 256-byte aligned.
   const int64_t B = 4, S = 16, T = B * S, H = 24, I = 40;
-  size_t layer = aligned(4 * T * 3 * H) + aligned(4 * B * 2 * S * S) + 5 * aligned(4 * T * H) + aligned(4 * T * I) +
+  size_t layer = aligned(4 * T * 3 * H) + aligned(4 * B * 2 * S * 2) + 5 * aligned(4 * T * H) + aligned(4 * T * I) +
                  4 * aligned(4 * T);
   size_t saved = 2 * layer + 2 * aligned(4 * T * H) + 2 * aligned(4 * T) + 3 * aligned(4 * B * H) +
                  3 * aligned(4 * T) + aligned(4 * B);  // embeddings, head, inputs

@@ -67,15 +67,18 @@ class Backend {
 
   // qkv: [B*S, 3H], Q in columns [0,H), K in [H,2H), V in [2H,3H), head h in columns
   // h*head_dim.. of each. mask: I32 [B,S], 1 = attend, 0 = padding (adds the float
-  // minimum to the score, as Hugging Face does). probs: [B, heads, S, S], the softmax
-  // before dropout, saved for backward. ctx: [B*S, H] = dropout(probs) V.
+  // minimum to the score, as Hugging Face does). ctx: [B*S, H] = dropout(P) V with
+  // P = softmax(scale Q K^T + mask). No [S, S] matrix outlives the call: stats
+  // [B, heads, S, 2] keeps, per query row, the maximum of its masked scores and the
+  // reciprocal of its sum of exponentials, from which backward recomputes P bit for bit
+  // (P = exp(score - max) * inv, the forward's own arithmetic).
   virtual void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                                 const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) = 0;
+                                 const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) = 0;
   // dqkv: [B*S, 3H] (overwritten).
-  virtual void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+  virtual void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
                                   const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
                                   Tensor& workspace) = 0;
-  // Scratch the attention ops need, in F32 elements.
+  // Scratch the attention ops need, in F32 elements (planned as workspace, shared by layers).
   virtual int64_t attention_workspace_elems(const AttentionDims& d) const = 0;
 
   // Over the last dimension: y = (x - mean) * rstd * gamma + beta; mean, rstd: [rows].

@@ -77,7 +77,7 @@ class BertForSequenceClassification {
   // What one layer saves for its backward pass. Dropout masks are not saved: backward
   // regenerates them from the same Philox streams.
   struct Saved {
-    Tensor qkv, probs, ctx, ln1_in, ln1_mean, ln1_rstd, ln1_out, ffn_pre, ln2_in, ln2_mean, ln2_rstd, out;
+    Tensor qkv, attn_stats, ctx, ln1_in, ln1_mean, ln1_rstd, ln1_out, ffn_pre, ln2_in, ln2_mean, ln2_rstd, out;
   };
 
   static Tensor slice(const Tensor& flat, int64_t offset, Shape s);

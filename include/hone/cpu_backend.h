@@ -22,9 +22,9 @@ class CpuBackend final : public Backend {
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
-                         Tensor& probs, Tensor& ctx, Tensor& workspace) override;
-  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs, const AttentionDims& d,
-                          const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
+                         Tensor& stats, Tensor& ctx, Tensor& workspace) override;
+  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+                          const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
   int64_t attention_workspace_elems(const AttentionDims& d) const override;
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;

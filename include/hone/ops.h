@@ -15,8 +15,8 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
                      Tensor& dw, Tensor* db);
 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                       const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace);
-void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+                       const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);
+void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
                         const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
 
 void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

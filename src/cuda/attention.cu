@@ -3,6 +3,8 @@
 // Q, K and V start h*head_dim columns further, leading dimension 3H), one call per
 // sequence; the masked softmax with dropout and its backward are row kernels. Products
 // are written column-major, so each computes the transpose of the row-major result.
+// The [B, heads, S, S] probabilities live only in the workspace: backward recomputes
+// them from the scores and the saved per-row {max, 1 / sum}.
 #include <cfloat>
 
 #include "cuda/check.h"
@@ -31,11 +33,12 @@ __device__ __forceinline__ void keep_bits(DropoutSpec d, uint64_t idx, bool (&ke
 
 // probs holds the scaled scores [rows, S] and becomes the softmax over each row; masked
 // keys (mask[b, j] == 0) get -FLT_MAX added, as on the CPU, so a row with every key
-// masked is uniform. When dropped is set it receives dropout(probs).
+// masked is uniform. stats receives each row's {max, 1 / sum}. When dropped is set it
+// receives dropout(probs).
 template <int W>
 __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
-                                       float* __restrict__ dropped, int64_t rows, int S, int rows_per_seq,
-                                       DropoutSpec drop, float keep_scale) {
+                                       float* __restrict__ stats, float* __restrict__ dropped, int64_t rows, int S,
+                                       int rows_per_seq, DropoutSpec drop, float keep_scale) {
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
   float* p = probs + row * S;
@@ -66,6 +69,10 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict
       for (int t = 0; t < W; ++t) sum += v[g][t] = expf(v[g][t] - mx);
   }
   const float inv = 1.0f / cuda::row_sum(sum);
+  if (live && threadIdx.x == 0) {
+    stats[2 * row] = mx;
+    stats[2 * row + 1] = inv;
+  }
   #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const int c = (g * blockDim.x + threadIdx.x) * W;
@@ -83,16 +90,21 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict
   }
 }
 
+// probs holds the recomputed scaled scores and becomes the forward's probabilities
+// again (exp(score - max) * inv: the forward's own arithmetic, so the same bits).
 // grad holds d(dropout(probs)) = dctx V^T and becomes d(scores) / scale:
 // dS = P * (g - sum(g * P)), g = d(probs) = keep * scale * grad. When dropped is set it
 // also receives dropout(probs), for dV.
 template <int W>
-__global__ void __launch_bounds__(1024) softmax_backward_kernel(const float* __restrict__ probs, float* __restrict__ grad,
-                                        float* __restrict__ dropped, int64_t rows, int S, DropoutSpec drop,
-                                        float keep_scale) {
+__global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
+                                        const float* __restrict__ stats, float* __restrict__ grad,
+                                        float* __restrict__ dropped, int64_t rows, int S, int rows_per_seq,
+                                        DropoutSpec drop, float keep_scale) {
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;
-  const float* p = probs + row * S;
+  float* p = probs + row * S;
+  const int32_t* m = mask + (live ? row / rows_per_seq : 0) * S;
+  const float mx = live ? stats[2 * row] : 0.0f, inv = live ? stats[2 * row + 1] : 0.0f;
   float* gr = grad + row * S;
   float pv[kGroups][W], gv[kGroups][W];
   float dot = 0.0f;
@@ -100,7 +112,15 @@ __global__ void __launch_bounds__(1024) softmax_backward_kernel(const float* __r
   for (int g = 0; g < kGroups; ++g) {
     const int c = (g * blockDim.x + threadIdx.x) * W;
     if (!live || c >= S) continue;
+    int32_t mk[W];
     cuda::load<W>(p + c, pv[g]);
+    cuda::load<W>(m + c, mk);
+    #pragma unroll
+    for (int t = 0; t < W; ++t) {
+      if (mk[t] == 0) pv[g][t] += -FLT_MAX;
+      pv[g][t] = expf(pv[g][t] - mx) * inv;
+    }
+    cuda::store<W>(p + c, pv[g]);
     cuda::load<W>(gr + c, gv[g]);
     if (dropped) {
       bool keep[W];
@@ -151,17 +171,18 @@ SeqOffsets seq_offsets(const AttentionDims& d, int b) {
 
 }  // namespace
 
-// Forward: the dropped probs. Backward: d(probs) then the dropped probs.
+// Three [B, heads, S, S] blocks: the probabilities, d(probs), the dropped probabilities.
 int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d) const {
-  return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
+  return 3 * int64_t(d.batch) * d.heads * d.seq * d.seq;
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                                    const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) {
+                                    const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;
-  float* dropped = dropping ? workspace.f32() : nullptr;
+  Tensor probs = workspace;
+  float* dropped = dropping ? workspace.f32() + 2 * rows * S : nullptr;
   const float* q = qkv.f32();
   // scores^T = K Q^T per head, straight into probs
   for (int b = 0; b < d.batch; ++b) {
@@ -173,12 +194,12 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   const int32_t* m = mask.ptr<int32_t>();
   if (cuda::vec4_ok(S, {probs.data, m, dropped})) {
     const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 4, kGroups);
-    softmax_forward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, dropped, rows, S, d.heads * S, drop,
-                                                                keep_scale);
+    softmax_forward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropped, rows, S,
+                                                                d.heads * S, drop, keep_scale);
   } else {
     const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 1, kGroups);
-    softmax_forward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, dropped, rows, S, d.heads * S, drop,
-                                                                keep_scale);
+    softmax_forward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropped, rows, S,
+                                                                d.heads * S, drop, keep_scale);
   }
   HONE_CUDA_LAUNCH_CHECK();
   // ctx^T = V^T P^T per head
@@ -190,16 +211,24 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   }
 }
 
-void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
                                      const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
                                      Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;
-  float* grad = workspace.f32();
-  float* dropped = dropping ? grad + rows * S : nullptr;
+  Tensor probs = workspace;
+  float* grad = workspace.f32() + rows * S;
+  float* dropped = dropping ? workspace.f32() + 2 * rows * S : nullptr;
   const float *q = qkv.f32(), *dc = dctx.f32();
   float* dq = dqkv.f32();
+  // The forward's scores again, into the probabilities' block (the kernel below turns them
+  // into probabilities with the saved statistics).
+  for (int b = 0; b < d.batch; ++b) {
+    const SeqOffsets o = seq_offsets(d, b);
+    heads_gemm(*this, CUBLAS_OP_T, CUBLAS_OP_N, S, S, hd, d.scale, q + o.qkv + H, ld, hd, q + o.qkv, ld, hd,
+               probs.f32() + o.probs, S, SS, d.heads);
+  }
   // d(dropped probs)^T = V dctx^T per head
   for (int b = 0; b < d.batch; ++b) {
     const SeqOffsets o = seq_offsets(d, b);
@@ -207,12 +236,15 @@ void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, cons
                grad + o.probs, S, SS, d.heads);
   }
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
-  if (cuda::vec4_ok(S, {probs.data, grad, dropped})) {
+  const int32_t* m = mask.ptr<int32_t>();
+  if (cuda::vec4_ok(S, {probs.data, m, grad, dropped})) {
     const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 4, kGroups);
-    softmax_backward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), grad, dropped, rows, S, drop, keep_scale);
+    softmax_backward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropped, rows, S,
+                                                                 d.heads * S, drop, keep_scale);
   } else {
     const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 1, kGroups);
-    softmax_backward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), grad, dropped, rows, S, drop, keep_scale);
+    softmax_backward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropped, rows, S,
+                                                                 d.heads * S, drop, keep_scale);
   }
   HONE_CUDA_LAUNCH_CHECK();
   const float* p = dropping ? dropped : probs.f32();

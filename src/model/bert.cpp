@@ -146,10 +146,10 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
                  down_b = w(P.ffn_down.b);
     s.qkv = saved("qkv", l, {T, 3 * H});
     ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
-    s.probs = saved("attention_probs", l, {B, ad.heads, S, S});
+    s.attn_stats = saved("attention_row_stats", l, {B, ad.heads, S, 2});  // not the [S, S] probabilities
     s.ctx = saved("attention_context", l, {T, H});
     Tensor ws = scratch("attention_workspace", {attn_ws_elems});
-    ops::attention_forward(be, s.qkv, batch.attention_mask, ad, layer_drop(l, 0), s.probs, s.ctx, ws);
+    ops::attention_forward(be, s.qkv, batch.attention_mask, ad, layer_drop(l, 0), s.attn_stats, s.ctx, ws);
     mem.release(ws);
     s.ln1_in = saved("attention_residual", l, {T, H});
     ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
@@ -252,10 +252,10 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     mem.release(s.ctx);
     Tensor d_qkv = scratch("qkv_grad", {T, 3 * H});
     Tensor ws = scratch("attention_workspace", {attn_ws_elems});
-    ops::attention_backward(be, d_ctx, s.qkv, s.probs, ad, layer_drop(l, 0), d_qkv, ws);
+    ops::attention_backward(be, d_ctx, s.qkv, batch.attention_mask, s.attn_stats, ad, layer_drop(l, 0), d_qkv, ws);
     mem.release(ws);
     mem.release(d_ctx);
-    mem.release(s.probs);
+    mem.release(s.attn_stats);
     // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
     ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, &gqkv_b);
     mem.release(d_qkv);

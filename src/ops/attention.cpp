@@ -1,6 +1,7 @@
 // Scaled dot-product self-attention over the fused QKV projection. Q, K and V head
-// slices are read in place from qkv (leading dimension 3H); one (batch, head) pair at a
-// time, so that BLAS threads each product and the scratch stays at a few [S, S] blocks.
+// slices are read in place from qkv (leading dimension 3H); (batch, head) pairs run in
+// parallel, each with a few [S, S] blocks of scratch. Backward recomputes the
+// probabilities from the saved row statistics instead of keeping them.
 #include <cblas.h>
 #include <omp.h>
 
@@ -19,13 +20,14 @@ namespace ops {
 namespace {
 
 void check_attention(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop,
-                     const Tensor& qkv, const Tensor& probs, const Tensor& workspace) {
+                     const Tensor& qkv, const Tensor& mask, const Tensor& stats, const Tensor& workspace) {
   if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
     fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
   detail::expect_dropout(op, drop);
   const int64_t tokens = int64_t(d.batch) * d.seq;
   detail::expect(op, "qkv", qkv, DType::F32, {tokens, 3 * int64_t(d.hidden())});
-  detail::expect(op, "probs", probs, DType::F32, {d.batch, d.heads, d.seq, d.seq});
+  detail::expect(op, "mask", mask, DType::I32, {d.batch, d.seq});
+  detail::expect(op, "stats", stats, DType::F32, {d.batch, d.heads, d.seq, 2});
   detail::expect_dtype(op, "workspace", workspace, DType::F32);
   const int64_t need = be.attention_workspace_elems(d);
   if (workspace.numel() < need)
@@ -35,22 +37,21 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
 }  // namespace
 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                       const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) {
-  check_attention("attention_forward", be, d, drop, qkv, probs, workspace);
-  detail::expect("attention_forward", "mask", mask, DType::I32, {d.batch, d.seq});
+                       const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+  check_attention("attention_forward", be, d, drop, qkv, mask, stats, workspace);
   detail::expect("attention_forward", "ctx", ctx, DType::F32, {int64_t(d.batch) * d.seq, d.hidden()});
   if (be.dry_run) return;
-  be.attention_forward(qkv, mask, d, drop, probs, ctx, workspace);
+  be.attention_forward(qkv, mask, d, drop, stats, ctx, workspace);
 }
 
-void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
                         const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
-  check_attention("attention_backward", be, d, drop, qkv, probs, workspace);
+  check_attention("attention_backward", be, d, drop, qkv, mask, stats, workspace);
   const int64_t tokens = int64_t(d.batch) * d.seq;
   detail::expect("attention_backward", "dctx", dctx, DType::F32, {tokens, d.hidden()});
   detail::expect("attention_backward", "dqkv", dqkv, DType::F32, {tokens, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
-  be.attention_backward(dctx, qkv, probs, d, drop, dqkv, workspace);
+  be.attention_backward(dctx, qkv, mask, stats, d, drop, dqkv, workspace);
 }
 
 }  // namespace ops
@@ -62,7 +63,9 @@ namespace {
 // becomes uniform, as in transformers.
 constexpr float kMasked = std::numeric_limits<float>::lowest();
 
-void masked_softmax_row(float* row, const int32_t* mask, int n) {
+// Softmax of one row of scores, in place; returns {max, 1 / sum}, with which
+// probs_row() recomputes the same probabilities.
+std::pair<float, float> masked_softmax_row(float* row, const int32_t* mask, int n) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < n; ++j) {
     if (mask[j] == 0) row[j] += kMasked;
@@ -75,40 +78,51 @@ void masked_softmax_row(float* row, const int32_t* mask, int n) {
   }
   const float inv = float(1.0 / sum);
   for (int j = 0; j < n; ++j) row[j] *= inv;
+  return {mx, inv};
+}
+
+// The probabilities of a row of recomputed scores, from its saved {max, 1 / sum}.
+void probs_row(float* row, const int32_t* mask, int n, float mx, float inv) {
+  for (int j = 0; j < n; ++j) {
+    if (mask[j] == 0) row[j] += kMasked;
+    row[j] = std::exp(row[j] - mx) * inv;
+  }
 }
 
 }  // namespace
 
-// Heads run in parallel, one per thread, each with its own scratch: the dropped probs
-// and the score gradient of one head.
+// Heads run in parallel, one per thread, each with its own scratch: the probabilities,
+// the dropped probabilities and the score gradient of one head.
 int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d) const {
-  return int64_t(omp_get_max_threads()) * 2 * int64_t(d.seq) * d.seq;
+  return int64_t(omp_get_max_threads()) * 3 * int64_t(d.seq) * d.seq;
 }
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                                   const DropoutSpec& drop, Tensor& probs, Tensor& ctx, Tensor& workspace) {
+                                   const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const bool dropping = drop.p > 0.0f;
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
   const float* qkvp = qkv.f32();
   const int32_t* maskp = mask.ptr<int32_t>();
-  float* probsp = probs.f32();
+  float* statsp = stats.f32();
   float* ctxp = ctx.f32();
 #pragma omp parallel for schedule(dynamic)
   for (int bh = 0; bh < d.batch * d.heads; ++bh) {
     const int b = bh / d.heads, h = bh % d.heads;
-    float* dropped = workspace.f32() + int64_t(omp_get_thread_num()) * 2 * S * S;  // [S, S]
+    float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * S * S;  // [S, S]
+    float* dropped = p + int64_t(S) * S;                                       // [S, S]
     const int32_t* m = maskp + int64_t(b) * S;
     {
       const float* q = qkvp + int64_t(b) * S * ld + h * hd;
       const float* k = q + H;
       const float* v = q + 2 * H;
       const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;  // flat index of probs[b, h, 0, 0]
-      float* p = probsp + base;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, d.scale, q, ld, k, ld, 0.0f, p, S);
       for (int i = 0; i < S; ++i) {
         float* row = p + int64_t(i) * S;
-        masked_softmax_row(row, m, S);
+        const auto [mx, inv] = masked_softmax_row(row, m, S);
+        statsp[2 * (int64_t(bh) * S + i)] = mx;
+        statsp[2 * (int64_t(bh) * S + i) + 1] = inv;
         if (dropping) {
           float* out = dropped + int64_t(i) * S;
           ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S,
@@ -121,7 +135,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
   }
 }
 
-void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& probs,
+void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
                                     const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
                                     Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
@@ -129,13 +143,15 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
   const float* qkvp = qkv.f32();
   const float* dctxp = dctx.f32();
-  const float* probsp = probs.f32();
+  const float* statsp = stats.f32();
+  const int32_t* maskp = mask.ptr<int32_t>();
   float* dqkvp = dqkv.f32();
 #pragma omp parallel for schedule(dynamic)
   for (int bh = 0; bh < d.batch * d.heads; ++bh) {
     const int b = bh / d.heads, h = bh % d.heads;
-    float* dropped = workspace.f32() + int64_t(omp_get_thread_num()) * 2 * S * S;  // [S, S]
-    float* dscores = dropped + int64_t(S) * S;                                     // [S, S]
+    float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * S * S;  // [S, S]
+    float* dropped = p + int64_t(S) * S;                                       // [S, S]
+    float* dscores = dropped + int64_t(S) * S;                                 // [S, S]
     {
       const int64_t off = int64_t(b) * S * ld + h * hd;
       const float* q = qkvp + off;
@@ -146,7 +162,13 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
       float* dv = dq + 2 * H;
       const float* dc = dctxp + int64_t(b) * S * H + h * hd;
       const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;
-      const float* p = probsp + base;
+      // The forward's probabilities again: the same product, then the saved statistics.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, d.scale, q, ld, k, ld, 0.0f, p, S);
+      const int32_t* m = maskp + int64_t(b) * S;
+      for (int i = 0; i < S; ++i) {
+        const float* st = statsp + 2 * (int64_t(bh) * S + i);
+        probs_row(p + int64_t(i) * S, m, S, st[0], st[1]);
+      }
       // d(dropped probs) = dctx V^T
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, S);
       for (int i = 0; i < S; ++i) {
