@@ -33,11 +33,11 @@ __device__ __forceinline__ void keep_bits(DropoutSpec d, uint64_t idx, bool (&ke
 
 // probs holds the scaled scores [rows, S] and becomes the softmax over each row; masked
 // keys (mask[b, j] == 0) get -FLT_MAX added, as on the CPU, so a row with every key
-// masked is uniform. stats receives each row's {max, 1 / sum}. When dropped is set it
-// receives dropout(probs).
+// masked is uniform. stats receives each row's {max, 1 / sum}. With dropout, probs
+// receives dropout(probs) instead: backward recomputes the rest.
 template <int W>
 __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
-                                       float* __restrict__ stats, float* __restrict__ dropped, int64_t rows, int S,
+                                       float* __restrict__ stats, bool dropping, int64_t rows, int S,
                                        int rows_per_seq, DropoutSpec drop, float keep_scale) {
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
@@ -79,26 +79,25 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict
     if (!live || c >= S) continue;
     #pragma unroll
     for (int t = 0; t < W; ++t) v[g][t] *= inv;
-    cuda::store<W>(p + c, v[g]);
-    if (dropped) {
+    if (dropping) {
       bool keep[W];
       keep_bits<W>(drop, uint64_t(row) * S + c, keep);
       #pragma unroll
       for (int t = 0; t < W; ++t) v[g][t] = keep[t] ? v[g][t] * keep_scale : 0.0f;
-      cuda::store<W>(dropped + row * S + c, v[g]);
     }
+    cuda::store<W>(p + c, v[g]);
   }
 }
 
 // probs holds the recomputed scaled scores and becomes the forward's probabilities
 // again (exp(score - max) * inv: the forward's own arithmetic, so the same bits).
 // grad holds d(dropout(probs)) = dctx V^T and becomes d(scores) / scale:
-// dS = P * (g - sum(g * P)), g = d(probs) = keep * scale * grad. When dropped is set it
-// also receives dropout(probs), for dV.
+// dS = P * (g - sum(g * P)), g = d(probs) = keep * scale * grad. probs ends holding
+// dropout(P) (P itself without dropout), the operand of dV.
 template <int W>
 __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
                                         const float* __restrict__ stats, float* __restrict__ grad,
-                                        float* __restrict__ dropped, int64_t rows, int S, int rows_per_seq,
+                                        bool dropping, int64_t rows, int S, int rows_per_seq,
                                         DropoutSpec drop, float keep_scale) {
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;
@@ -120,9 +119,8 @@ __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restric
       if (mk[t] == 0) pv[g][t] += -FLT_MAX;
       pv[g][t] = expf(pv[g][t] - mx) * inv;
     }
-    cuda::store<W>(p + c, pv[g]);
     cuda::load<W>(gr + c, gv[g]);
-    if (dropped) {
+    if (dropping) {
       bool keep[W];
       float out[W];
       keep_bits<W>(drop, uint64_t(row) * S + c, keep);
@@ -131,7 +129,9 @@ __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restric
         out[t] = keep[t] ? pv[g][t] * keep_scale : 0.0f;
         gv[g][t] = keep[t] ? gv[g][t] * keep_scale : 0.0f;
       }
-      cuda::store<W>(dropped + row * S + c, out);
+      cuda::store<W>(p + c, out);
+    } else {
+      cuda::store<W>(p + c, pv[g]);
     }
     #pragma unroll
     for (int t = 0; t < W; ++t) dot += gv[g][t] * pv[g][t];
@@ -171,9 +171,9 @@ SeqOffsets seq_offsets(const AttentionDims& d, int b) {
 
 }  // namespace
 
-// Three [B, heads, S, S] blocks: the probabilities, d(probs), the dropped probabilities.
+// Two [B, heads, S, S] blocks: the (dropped) probabilities and d(probs).
 int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d) const {
-  return 3 * int64_t(d.batch) * d.heads * d.seq * d.seq;
+  return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
@@ -182,7 +182,6 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;
   Tensor probs = workspace;
-  float* dropped = dropping ? workspace.f32() + 2 * rows * S : nullptr;
   const float* q = qkv.f32();
   // scores^T = K Q^T per head, straight into probs
   for (int b = 0; b < d.batch; ++b) {
@@ -192,18 +191,18 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   }
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
   const int32_t* m = mask.ptr<int32_t>();
-  if (cuda::vec4_ok(S, {probs.data, m, dropped})) {
+  if (cuda::vec4_ok(S, {probs.data, m})) {
     const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 4, kGroups);
-    softmax_forward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropped, rows, S,
+    softmax_forward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropping, rows, S,
                                                                 d.heads * S, drop, keep_scale);
   } else {
     const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 1, kGroups);
-    softmax_forward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropped, rows, S,
+    softmax_forward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropping, rows, S,
                                                                 d.heads * S, drop, keep_scale);
   }
   HONE_CUDA_LAUNCH_CHECK();
   // ctx^T = V^T P^T per head
-  const float* p = dropping ? dropped : probs.f32();
+  const float* p = probs.f32();  // dropout(P), or P without dropout
   for (int b = 0; b < d.batch; ++b) {
     const SeqOffsets o = seq_offsets(d, b);
     heads_gemm(*this, CUBLAS_OP_N, CUBLAS_OP_N, hd, S, S, 1.0f, q + o.qkv + 2 * H, ld, hd, p + o.probs, S, SS,
@@ -219,7 +218,6 @@ void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, cons
   const bool dropping = drop.p > 0.0f;
   Tensor probs = workspace;
   float* grad = workspace.f32() + rows * S;
-  float* dropped = dropping ? workspace.f32() + 2 * rows * S : nullptr;
   const float *q = qkv.f32(), *dc = dctx.f32();
   float* dq = dqkv.f32();
   // The forward's scores again, into the probabilities' block (the kernel below turns them
@@ -237,17 +235,17 @@ void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, cons
   }
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
   const int32_t* m = mask.ptr<int32_t>();
-  if (cuda::vec4_ok(S, {probs.data, m, grad, dropped})) {
+  if (cuda::vec4_ok(S, {probs.data, m, grad})) {
     const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 4, kGroups);
-    softmax_backward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropped, rows, S,
+    softmax_backward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropping, rows, S,
                                                                  d.heads * S, drop, keep_scale);
   } else {
     const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 1, kGroups);
-    softmax_backward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropped, rows, S,
+    softmax_backward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropping, rows, S,
                                                                  d.heads * S, drop, keep_scale);
   }
   HONE_CUDA_LAUNCH_CHECK();
-  const float* p = dropping ? dropped : probs.f32();
+  const float* p = probs.f32();  // dropout(P), or P without dropout
   for (int b = 0; b < d.batch; ++b) {
     const SeqOffsets o = seq_offsets(d, b);
     // dV^T = dctx^T P_dropped, dQ^T = scale K^T dS^T, dK^T = scale Q^T dS
