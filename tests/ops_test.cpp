@@ -18,18 +18,8 @@ namespace hone {
 namespace {
 
 using test::HostTensor;
-
-HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  HostTensor h(DType::F32, s);
-  test::fill_uniform(h, seed, lo, hi);
-  return h;
-}
-
-HostTensor filled(Shape s, float value) {
-  HostTensor h(DType::F32, s);
-  for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = value;
-  return h;
-}
+using test::filled;
+using test::random;
 
 HostTensor ints(Shape s, const std::vector<int32_t>& values) {
   HostTensor h(DType::I32, s);

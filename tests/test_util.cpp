@@ -18,6 +18,18 @@ void fill_uniform(HostTensor& h, uint64_t seed, float lo, float hi) {
   for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = u(g);
 }
 
+HostTensor random(Shape s, uint64_t seed, float lo, float hi) {
+  HostTensor h(DType::F32, s);
+  fill_uniform(h, seed, lo, hi);
+  return h;
+}
+
+HostTensor filled(Shape s, float value) {
+  HostTensor h(DType::F32, s);
+  std::fill(h.f(), h.f() + h.n(), value);
+  return h;
+}
+
 double max_rel_error(const float* a, const float* b, int64_t n, double floor) {
   double worst = 0;
   for (int64_t i = 0; i < n; ++i)

@@ -28,6 +28,9 @@ struct HostTensor {
 
 // Uniform in [lo, hi) from a seeded generator.
 void fill_uniform(HostTensor& h, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+// New F32 host tensors: uniform random, or every element `value`.
+HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
+HostTensor filled(Shape s, float value);
 
 // max |a - b| / max(|b|, floor) over all elements; the floor keeps near-zero
 // references from dominating.

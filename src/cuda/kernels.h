@@ -16,7 +16,9 @@ inline int blocks_for(int64_t n, int threads = kThreads) {
   return int(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);  // grid-stride loops cover the rest
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// Sums in float, or in double for the losses and norms that the CPU accumulates in double.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -26,44 +28,26 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Reduces over the block with `warp_op`; every thread gets the result. `scratch` holds
+// 32 values; `identity` pads the lanes past the last warp.
+template <typename T, typename WarpOp>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, WarpOp warp_op) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
+  v = warp_op(v);
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  v = warp_sum(v);
-  return v;
+  v = lane < warps ? scratch[lane] : identity;
+  return warp_op(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  return block_reduce(v, scratch, T(0), [](T x) { return warp_sum(x); });
 }
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : -3.402823466e38f;
-  v = warp_max(v);
-  return v;
-}
-
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// block_sum in double, for the losses and norms that the CPU accumulates in double.
-__device__ __forceinline__ double block_sum(double v, double* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0;
-  v = warp_sum(v);
-  return v;
+  return block_reduce(v, scratch, -3.402823466e38f, [](float x) { return warp_max(x); });
 }
 
 // Grid-stride loops in int64: tensors reach 4e8 elements, and index * 4 must not overflow.

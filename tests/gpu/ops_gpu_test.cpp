@@ -23,6 +23,8 @@ namespace hone {
 namespace {
 
 using test::HostTensor;
+using test::filled;
+using test::random;
 
 constexpr double kFp32Tol = 1e-5;
 // TF32 keeps 10 of fp32's 23 mantissa bits; these products and attention land near 3e-4.
@@ -32,18 +34,6 @@ constexpr int64_t kSizes[] = {1, 7, 1001, (1 << 20) + 3};
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  HostTensor h(DType::F32, s);
-  test::fill_uniform(h, seed, lo, hi);
-  return h;
-}
-
-HostTensor filled(Shape s, float value) {
-  HostTensor h(DType::F32, s);
-  std::fill(h.f(), h.f() + h.n(), value);
-  return h;
 }
 
 // Outputs that an op overwrites start as NaN on both sides, so an element the GPU never
