@@ -78,11 +78,12 @@ void check_golden_forward_backward(const std::string& fixture, Backend& be, cons
               logits_err, loss_err, worst, worst_name.c_str());
 }
 
-void check_golden_training(const std::string& fixture, Backend& be, const GoldenTolerances& tol) {
+void check_golden_training(const std::string& fixture, Backend& be, const GoldenTolerances& tol,
+                           GradientMemory grads) {
   Golden g(fixture);
   GoldenBatch first(g, "train.", ".0");
   const TrainingArguments a = golden_args(g, first.batch());
-  TrainingRun run(a, g.config, first.seq(), be);
+  TrainingRun run(a, g.config, first.seq(), be, grads);
   load_golden_weights(g, run);
   const std::vector<float> losses = g.floats("train.loss"), norms = g.floats("train.grad_norm"),
                            lrs = g.floats("train.lr");

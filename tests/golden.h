@@ -80,6 +80,7 @@ struct GoldenTolerances {
 // Logits, loss and every parameter gradient of one batch.
 void check_golden_forward_backward(const std::string& fixture, Backend& be, const GoldenTolerances& tol = {});
 // Three Trainer-style optimizer steps: losses, gradient norms, learning rates, final weights.
-void check_golden_training(const std::string& fixture, Backend& be, const GoldenTolerances& tol = {});
+void check_golden_training(const std::string& fixture, Backend& be, const GoldenTolerances& tol = {},
+                           GradientMemory grads = GradientMemory::Persistent);
 
 }  // namespace hone::test

@@ -31,6 +31,7 @@ TEST_P(GoldenTest, LogitsLossAndEveryGradient) {
 TEST_P(GoldenTest, ThreeOptimizerStepsMatchTrainer) {
   CpuBackend be;
   test::check_golden_training(GetParam(), be);
+  test::check_golden_training(GetParam(), be, {}, GradientMemory::StepScoped);
 }
 
 // Weight decay applies to exactly the parameters Trainer decays.
@@ -41,7 +42,9 @@ TEST_P(GoldenTest, DecayGroupsMatchTrainer) {
   for (const auto& n : g.train_args["decay_parameters"]) decayed.insert(n.get<std::string>());
   for (const ParamEntry& e : layout.entries()) {
     EXPECT_EQ(e.decay, decayed.count(e.name) == 1) << e.name;
-    EXPECT_EQ(e.offset < layout.decayed_count(), e.decay) << e.name;
+    const ParamGroup& g = layout.groups()[size_t(e.group)];
+    EXPECT_EQ(e.offset < g.decayed_end, e.decay) << e.name;
+    EXPECT_TRUE(g.begin <= e.offset && e.offset + e.shape.numel() <= g.end) << e.name;
   }
   std::vector<std::string> names;
   for (const ParamEntry& e : layout.entries()) names.push_back(e.name);
@@ -61,7 +64,8 @@ TEST_P(GoldenTest, FiniteDifferences) {
     return run.take_loss_sum();
   };
   loss();
-  const std::vector<float> grads(run.model().grads().f32(), run.model().grads().f32() + run.model().layout().count());
+  std::vector<float> grads(size_t(run.model().layout().count()));
+  run.read_grads(grads.data());
   const ParamLayout& layout = run.model().layout();
   float* w = run.host_weights();
   int checked = 0;

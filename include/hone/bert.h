@@ -1,9 +1,11 @@
 #pragma once
 // BertForSequenceClassification as transformers defines it, written as calls to ops.
-// All parameters live in one flat buffer (and so do their gradients and the optimizer
-// moments), laid out with the weight-decayed parameters first so that AdamW runs as two
-// calls over contiguous memory. Query, key and value weights are adjacent, so the three
-// projections run as one [3H, H] matrix product.
+// All parameters live in one flat buffer (and so do the optimizer moments), in groups:
+// the embeddings, each encoder layer, the pooler and classifier. Within a group the
+// weight-decayed parameters come first, so AdamW runs as two calls per group over
+// contiguous memory. A group's gradients are one buffer, which lets a run place them in
+// activation memory that backward has just freed. Query, key and value weights are
+// adjacent, so the three projections run as one [3H, H] matrix product.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +22,13 @@ struct ParamEntry {
   Shape shape;
   int64_t offset = 0;  // in elements
   bool decay = false;  // weight decay applies (not a bias, not a LayerNorm parameter)
+  int group = 0;       // 0 embeddings, 1 + l encoder layer l, L + 1 pooler and classifier
+};
+
+// A contiguous range of the flat buffers: [begin, decayed_end) takes weight decay.
+struct ParamGroup {
+  int64_t begin = 0, decayed_end = 0, end = 0;
+  int64_t size() const { return end - begin; }
 };
 
 class ParamLayout {
@@ -28,12 +37,13 @@ class ParamLayout {
   const std::vector<ParamEntry>& entries() const { return entries_; }  // transformers' order
   const ParamEntry* find(const std::string& name) const;
   const ParamEntry& at(const std::string& name) const;
-  int64_t count() const { return count_; }          // all parameters
-  int64_t decayed_count() const { return decayed_; }  // elements [0, decayed) take weight decay
+  int64_t count() const { return count_; }  // all parameters
+  const std::vector<ParamGroup>& groups() const { return groups_; }
 
  private:
   std::vector<ParamEntry> entries_;
-  int64_t count_ = 0, decayed_ = 0;
+  std::vector<ParamGroup> groups_;
+  int64_t count_ = 0;
 };
 
 // The batch as the model reads it; I32 ids [B*S]; labels I32 [B] or, for regression, F32 [B].
@@ -58,10 +68,16 @@ class BertForSequenceClassification {
   const ParamLayout& layout() const { return layout_; }
   bool regression() const { return regression_; }
 
-  // Takes the flat weight and gradient buffers (setup phase).
-  void bind_parameters(BufferSource& mem);
+  // Takes the flat weight buffer (setup phase) and, unless gradients are step-scoped,
+  // one flat gradient buffer whose groups grad(k) are slices.
+  void bind_parameters(BufferSource& mem, bool step_scoped_grads);
   Tensor& weights() { return weights_; }
-  Tensor& grads() { return grads_; }
+  // The gradients of parameter group k (valid from its backward to the optimizer step
+  // when step-scoped).
+  Tensor& grad(int k) { return group_grads_[size_t(k)]; }
+  int num_groups() const { return int(layout_.groups().size()); }
+  // Step-scoped gradients: hands every group's buffer back (after the optimizer step).
+  void release_grads(BufferSource& mem);
   Tensor param(const Tensor& flat, const ParamEntry& e) const { return slice(flat, e.offset, e.shape); }
 
   // Forward and backward of one micro-batch. Parameter gradients accumulate (+=);
@@ -82,10 +98,16 @@ class BertForSequenceClassification {
 
   static Tensor slice(const Tensor& flat, int64_t offset, Shape s);
   Tensor w(const ParamEntry* e) const { return param(weights_, *e); }
-  Tensor g(const ParamEntry* e) const { return param(grads_, *e); }
+  Tensor g(const ParamEntry* e) const {
+    return slice(group_grads_[size_t(e->group)], e->offset - layout_.groups()[size_t(e->group)].begin, e->shape);
+  }
   // Query, key and value as one [3H, H] weight and [3H] bias (they are adjacent).
   Tensor w3(const ParamEntry* e, int64_t rows, int64_t cols) const { return slice(weights_, e->offset, {rows, cols}); }
-  Tensor g3(const ParamEntry* e, int64_t rows, int64_t cols) const { return slice(grads_, e->offset, {rows, cols}); }
+  Tensor g3(const ParamEntry* e, int64_t rows, int64_t cols) const {
+    return slice(group_grads_[size_t(e->group)], e->offset - layout_.groups()[size_t(e->group)].begin, {rows, cols});
+  }
+  // Step-scoped: takes group k's gradient buffer, zeroed, just before its backward.
+  void take_grads(Backend& be, BufferSource& mem, int k);
   DropoutSpec dropout(const DropoutState& d, float p, int site) const;
 
   BertConfig cfg_;
@@ -95,7 +117,9 @@ class BertForSequenceClassification {
   Norm emb_ln_;
   std::vector<Layer> layers_;
   Linear pooler_, classifier_;
-  Tensor weights_, grads_;
+  Tensor weights_;
+  bool step_scoped_grads_ = false;
+  std::vector<Tensor> group_grads_;
   std::vector<Saved> saved_;  // one per layer, refilled by each forward pass
 };
 

@@ -53,7 +53,11 @@ class BufferSource {
 class MemoryPlan {
  public:
   std::vector<PlannedBuffer> buffers;      // in take order
+  // Bytes of each category's arena; 0 for a category whose buffers live in another's.
   std::array<size_t, kNumCategories> category_bytes{};
+  // The arena each category's buffers are packed into (its own, unless shared).
+  std::array<Category, kNumCategories> arena_of{Category::Weights, Category::Gradients, Category::OptimizerState,
+                                                Category::Activations, Category::Workspace};
   size_t total_bytes() const;
   // Sum of unshared sizes per category: what the plan would cost without reuse.
   std::array<size_t, kNumCategories> unshared_bytes() const;
@@ -69,6 +73,8 @@ class MemoryPlanner final : public BufferSource {
   void end_phase() override;
   bool planning() const override { return true; }
   MemoryPlan finish();  // packs; every non-setup buffer must have been released
+  // Packs `guest`'s buffers into `host`'s arena, so that they can reuse its freed bytes.
+  void share_arena(Category guest, Category host) { plan_.arena_of[size_t(guest)] = host; }
 
  private:
   MemoryPlan plan_;

@@ -36,16 +36,28 @@ struct StepCounts {
 };
 StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size);
 
+// Where parameter gradients live. Persistent: one buffer for the whole run, needed when
+// gradients accumulate over micro-steps. StepScoped (one micro-step per update): each
+// parameter group's gradients are taken, zeroed, just before its backward and released
+// after the optimizer step, in the activations' arena, so they reuse the bytes of
+// activations that backward has already consumed. Then each micro_step() must be
+// followed by optimizer_step().
+enum class GradientMemory { Persistent, StepScoped };
+// What a run with these arguments uses: StepScoped without gradient accumulation.
+GradientMemory gradient_memory_for(const TrainingArguments& a);
+
 // Everything a run holds: the model, its planned memory and the optimizer state.
 class TrainingRun {
  public:
   // Plans the run (a dry run of setup, one micro-step and one optimizer step at the
   // largest batch) and allocates its arenas. Weights are uninitialised until
-  // init_weights()/load_weights() on `model_weights()`.
-  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be);
+  // write_weights().
+  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+              GradientMemory grads = GradientMemory::Persistent);
 
   // The plan alone, allocating nothing: what `hone estimate` prints.
-  static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be);
+  static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+                         GradientMemory grads = GradientMemory::Persistent);
 
   BertForSequenceClassification& model() { return *model_; }
   PlannedMemory& memory() { return *mem_; }
@@ -67,7 +79,8 @@ class TrainingRun {
 
  private:
   struct PlanOnly {};
-  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, PlanOnly);
+  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, GradientMemory grads,
+              PlanOnly);
   MemoryPlan record_plan();
   void setup(BufferSource& mem);
   void run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
@@ -78,6 +91,8 @@ class TrainingRun {
 
   TrainingArguments args_;
   int seq_;
+  bool scoped_grads_;
+  bool step_open_ = false;  // StepScoped: a micro-step awaits its optimizer step
   Backend& be_;
   std::unique_ptr<BertForSequenceClassification> model_;
   std::unique_ptr<PlannedMemory> mem_;

@@ -66,7 +66,7 @@ int estimate(const TrainingArguments& a, bool list_buffers) {
   ModelSource src = resolve_model(a.model_name_or_path);
   std::unique_ptr<Backend> be = make_backend(a);
   const int seq = seq_len_of(a);
-  MemoryPlan plan = TrainingRun::plan(a, src.config, seq, *be);
+  MemoryPlan plan = TrainingRun::plan(a, src.config, seq, *be, gradient_memory_for(a));
   const int64_t params = ParamLayout(src.config).count();
   fmt::print("hone estimate: {}\n  {}\n", src.name, describe(src.config, params));
   fmt::print("  run: batch {} x {} tokens, {}, {}, device {}\n", a.per_device_train_batch_size, seq,
@@ -102,7 +102,7 @@ int train_command(const TrainingArguments& a) {
     fail("--dataset {}: synthetic token ids go up to {}, but the model's vocab_size is {}", a.dataset,
          SyntheticDataset::kEndId - 1, src.config.vocab_size);
 
-  TrainingRun run(a, src.config, data->seq_len(), be);
+  TrainingRun run(a, src.config, data->seq_len(), be, gradient_memory_for(a));
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", src.name, describe(src.config, layout.count()));
   std::vector<float> host(static_cast<size_t>(layout.count()));  // staging for init, load and save
@@ -187,7 +187,7 @@ int train_command(const TrainingArguments& a) {
              memory_table(run.memory().plan(), layout.count(), measured));
   if (after_train && after_train->process_known) {
     const size_t planned = run.memory().plan().total_bytes();
-    fmt::print("  {:<16} {:>15} {:>10.1f}   (this process on the GPU, NVML: {:.0f} MB, of which the plan is "
+    fmt::print("  {:<24} {:>15} {:>10.1f}   (this process on the GPU, NVML: {:.0f} MB, of which the plan is "
                "{:.0f} MB)\n",
                "CUDA context+libs", with_commas(after_train->process_used - std::min(after_train->process_used,
                                                                                       uint64_t(planned))),

@@ -34,13 +34,27 @@ std::string with_commas(uint64_t v) {
 
 std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* measured) {
   const auto unshared = plan.unshared_bytes();
-  std::string s = fmt::format("  {:<16} {:>15} {:>10} {:>12} {:>15}{}\n", "category", "planned bytes", "MiB",
+  std::string s = fmt::format("  {:<24} {:>15} {:>10} {:>12} {:>15}{}\n", "category", "planned bytes", "MiB",
                               "bytes/param", "without reuse", measured ? fmt::format(" {:>15}", "measured bytes") : "");
   size_t total_measured = 0;
   for (int c = 0; c < kNumCategories; ++c) {
     const size_t b = plan.category_bytes[c];
-    s += fmt::format("  {:<16} {:>15} {:>10.1f} {:>12.2f} {:>15}", category_name(Category(c)), with_commas(b),
-                     double(b) / (1 << 20), double(b) / double(params), with_commas(unshared[c]));
+    // A category packed into another's arena costs nothing of its own: its bytes are in
+    // the host's row, which names both.
+    std::string name(category_name(Category(c)));
+    size_t without_reuse = unshared[c];
+    for (int guest = 0; guest < kNumCategories; ++guest)
+      if (guest != c && plan.arena_of[guest] == Category(c)) {
+        name += " + " + std::string(category_name(Category(guest)));
+        without_reuse += unshared[guest];
+      }
+    if (plan.arena_of[c] != Category(c)) {
+      s += fmt::format("  {:<24} {:>15} {:>10} {:>12} {:>15}  (in the {} arena)\n", name, "-", "-", "-", "-",
+                       category_name(plan.arena_of[c]));
+      continue;
+    }
+    s += fmt::format("  {:<24} {:>15} {:>10.1f} {:>12.2f} {:>15}", name, with_commas(b),
+                     double(b) / (1 << 20), double(b) / double(params), with_commas(without_reuse));
     if (measured) {
       s += fmt::format(" {:>15}", with_commas(measured[c]));
       total_measured += measured[c];
@@ -49,7 +63,7 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
   }
   size_t total_unshared = 0;
   for (size_t u : unshared) total_unshared += u;
-  s += fmt::format("  {:<16} {:>15} {:>10.1f} {:>12.2f} {:>15}", "total", with_commas(plan.total_bytes()),
+  s += fmt::format("  {:<24} {:>15} {:>10.1f} {:>12.2f} {:>15}", "total", with_commas(plan.total_bytes()),
                    double(plan.total_bytes()) / (1 << 20), double(plan.total_bytes()) / double(params),
                    with_commas(total_unshared));
   if (measured) s += fmt::format(" {:>15}", with_commas(total_measured));
@@ -58,10 +72,10 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
 
 std::string buffer_list(const MemoryPlan& plan) {
   static const char* phases[] = {"setup", "micro-step", "optimizer"};
-  std::string s = fmt::format("  {:<16} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
+  std::string s = fmt::format("  {:<24} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
                               "bytes", "offset", "taken", "freed");
   for (const auto& b : plan.buffers)
-    s += fmt::format("  {:<16} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", category_name(b.category), b.label(),
+    s += fmt::format("  {:<24} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", category_name(b.category), b.label(),
                      phases[int(b.phase)], with_commas(b.bytes), with_commas(b.offset), b.first,
                      b.last == INT64_MAX ? std::string("-") : std::to_string(b.last));
   return s;

@@ -59,9 +59,10 @@ std::array<size_t, kNumCategories> MemoryPlan::unshared_bytes() const {
 void MemoryPlan::pack() {
   category_bytes.fill(0);
   for (int c = 0; c < kNumCategories; ++c) {
+    if (arena_of[c] != Category(c)) continue;  // packed with its host
     std::vector<PlannedBuffer*> order;
     for (auto& b : buffers)
-      if (int(b.category) == c) order.push_back(&b);
+      if (arena_of[size_t(b.category)] == Category(c)) order.push_back(&b);
     // Largest first, then earliest: a stable, deterministic layout.
     std::stable_sort(order.begin(), order.end(), [](auto* a, auto* b) {
       return a->bytes != b->bytes ? a->bytes > b->bytes : a->first < b->first;
@@ -187,7 +188,8 @@ Tensor PlannedMemory::take(Category c, const char* name, int index, DType t, Sha
              name, index);
   size_t id = list[cursor_++];
   const PlannedBuffer& b = plan_.buffers[id];
-  Tensor out{arenas_[size_t(c)]->base() + b.offset, t, s, device_};
+  const size_t arena = size_t(plan_.arena_of[size_t(c)]);
+  Tensor out{arenas_[arena]->base() + b.offset, t, s, device_};
   HONE_CHECK(b.category == c && b.name == name && b.index == index && out.bytes() <= b.bytes,
              "request {}[{}] of {} bytes does not match the plan's {} ({} bytes)", name, index, out.bytes(),
              b.label(), b.bytes);
@@ -195,8 +197,9 @@ Tensor PlannedMemory::take(Category c, const char* name, int index, DType t, Sha
     char* lo = static_cast<char*>(out.data);
     for (size_t j : live_) {
       const PlannedBuffer& o = plan_.buffers[j];
-      char* olo = arenas_[size_t(o.category)]->base() + o.offset;
-      HONE_CHECK(o.category != c || lo + b.bytes <= olo || olo + o.bytes <= lo, "{} overlaps live buffer {}",
+      const size_t o_arena = size_t(plan_.arena_of[size_t(o.category)]);
+      char* olo = arenas_[o_arena]->base() + o.offset;
+      HONE_CHECK(o_arena != arena || lo + b.bytes <= olo || olo + o.bytes <= lo, "{} overlaps live buffer {}",
                  b.label(), o.label());
     }
   }
@@ -207,7 +210,7 @@ Tensor PlannedMemory::take(Category c, const char* name, int index, DType t, Sha
 void PlannedMemory::release(const Tensor& t) {
   for (size_t i = 0; i < live_.size(); ++i) {
     const PlannedBuffer& b = plan_.buffers[live_[i]];
-    if (arenas_[size_t(b.category)]->base() + b.offset == t.data) {
+    if (arenas_[size_t(plan_.arena_of[size_t(b.category)])]->base() + b.offset == t.data) {
       live_.erase(live_.begin() + i);
       return;
     }

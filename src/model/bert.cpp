@@ -11,7 +11,8 @@ namespace hone {
 
 ParamLayout::ParamLayout(const BertConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  auto add = [&](std::string name, Shape s, bool decay) { entries_.push_back({std::move(name), s, 0, decay}); };
+  int group = 0;
+  auto add = [&](std::string name, Shape s, bool decay) { entries_.push_back({std::move(name), s, 0, decay, group}); };
   auto linear = [&](const std::string& p, int64_t out, int64_t in) {
     add(p + ".weight", {out, in}, true);
     add(p + ".bias", {out}, false);
@@ -25,6 +26,7 @@ ParamLayout::ParamLayout(const BertConfig& c) {
   add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, H}, true);
   norm("bert.embeddings.LayerNorm");
   for (int l = 0; l < c.num_hidden_layers; ++l) {
+    group = 1 + l;
     std::string p = fmt::format("bert.encoder.layer.{}.", l);
     linear(p + "attention.self.query", H, H);
     linear(p + "attention.self.key", H, H);
@@ -35,16 +37,24 @@ ParamLayout::ParamLayout(const BertConfig& c) {
     linear(p + "output.dense", H, I);
     norm(p + "output.LayerNorm");
   }
+  group = 1 + c.num_hidden_layers;
   linear("bert.pooler.dense", H, H);
   linear("classifier", c.num_labels, H);
-  // Decayed parameters first, each group in transformers' order.
-  for (bool decay : {true, false})
-    for (auto& e : entries_)
-      if (e.decay == decay) {
-        e.offset = count_;
-        count_ += e.shape.numel();
-        if (decay) decayed_ = count_;
-      }
+  // Group by group; within a group the decayed parameters first, each in transformers' order.
+  groups_.resize(size_t(group + 1));
+  for (int k = 0; k <= group; ++k) {
+    ParamGroup& g = groups_[size_t(k)];
+    g.begin = count_;
+    for (bool decay : {true, false}) {
+      for (auto& e : entries_)
+        if (e.group == k && e.decay == decay) {
+          e.offset = count_;
+          count_ += e.shape.numel();
+        }
+      if (decay) g.decayed_end = count_;
+    }
+    g.end = count_;
+  }
 }
 
 const ParamEntry* ParamLayout::find(const std::string& name) const {
@@ -91,9 +101,28 @@ BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c
   saved_.resize(c.num_hidden_layers);
 }
 
-void BertForSequenceClassification::bind_parameters(BufferSource& mem) {
+void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads) {
   weights_ = mem.take(Category::Weights, "parameters", -1, DType::F32, {layout_.count()});
-  grads_ = mem.take(Category::Gradients, "parameter_grads", -1, DType::F32, {layout_.count()});
+  step_scoped_grads_ = step_scoped_grads;
+  group_grads_.assign(layout_.groups().size(), Tensor{});
+  if (step_scoped_grads) return;
+  Tensor flat = mem.take(Category::Gradients, "parameter_grads", -1, DType::F32, {layout_.count()});
+  for (size_t k = 0; k < group_grads_.size(); ++k) {
+    const ParamGroup& g = layout_.groups()[k];
+    group_grads_[k] = slice(flat, g.begin, {g.size()});
+  }
+}
+
+void BertForSequenceClassification::take_grads(Backend& be, BufferSource& mem, int k) {
+  if (!step_scoped_grads_) return;
+  Tensor& t = group_grads_[size_t(k)];
+  t = mem.take(Category::Gradients, "group_grads", k, DType::F32, {layout_.groups()[size_t(k)].size()});
+  ops::fill(be, t, 0.0f);
+}
+
+void BertForSequenceClassification::release_grads(BufferSource& mem) {
+  if (!step_scoped_grads_) return;
+  for (Tensor& t : group_grads_) mem.release(t);
 }
 
 Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, Shape s) {
@@ -193,6 +222,7 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   mem.release(logits);
 
   // ---------------- backward
+  take_grads(be, mem, L + 1);
   Tensor gcls_w = g(classifier_.w), gcls_b = g(classifier_.b), gpool_b = g(pooler_.b);
   Tensor d_cls = scratch("classifier_in_grad", {B, H});
   ops::linear_backward(be, dlogits, cls_in, w(classifier_.w), &d_cls, false, gcls_w, &gcls_b);
@@ -214,10 +244,11 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     const Layer& P = layers_[l];
     Saved& s = saved_[l];
     const Tensor& x = l == 0 ? emb_out : saved_[l - 1].out;
+    take_grads(be, mem, 1 + l);
     Tensor gg2 = g(P.ln2.g), gb2 = g(P.ln2.b), gg1 = g(P.ln1.g), gb1 = g(P.ln1.b);
     Tensor gdown_w = g(P.ffn_down.w), gdown_b = g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = g(P.ffn_up.b);
     Tensor gao_w = g(P.attn_out.w), gao_b = g(P.attn_out.b);
-    Tensor gqkv_w = g3(P.qkv.w, 3 * H, H), gqkv_b = slice(grads_, P.qkv.b->offset, {3 * H});
+    Tensor gqkv_w = g3(P.qkv.w, 3 * H, H), gqkv_b = g3(P.qkv.b, 3 * H, 1).view({3 * H});
 
     // out = LN2(ln2_in), ln2_in = ln1_out + dropout(down(act(ffn_pre)))
     Tensor d_res = scratch("residual_grad", {T, H});
@@ -264,6 +295,7 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   }
 
   // emb_out = dropout(LN(emb_sum))
+  take_grads(be, mem, 0);
   Tensor gemb_g = g(emb_ln_.g), gemb_b = g(emb_ln_.b), gword = g(word_), gpos = g(pos_), gtype = g(type_);
   ops::dropout(be, dh, emb_drop, dh);
   Tensor d_emb = scratch("embeddings_grad", {T, H});

@@ -38,25 +38,38 @@ StepCounts count_steps(const TrainingArguments& a, int64_t n) {
 
 // ---------------------------------------------------------------- TrainingRun
 
-TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, PlanOnly)
-    : args_(a), seq_(seq_len), be_(be), model_(std::make_unique<BertForSequenceClassification>(c)) {
+GradientMemory gradient_memory_for(const TrainingArguments& a) {
+  return a.gradient_accumulation_steps == 1 ? GradientMemory::StepScoped : GradientMemory::Persistent;
+}
+
+TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+                         GradientMemory grads, PlanOnly)
+    : args_(a),
+      seq_(seq_len),
+      scoped_grads_(grads == GradientMemory::StepScoped),
+      be_(be),
+      model_(std::make_unique<BertForSequenceClassification>(c)) {
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
   int_labels_.resize(size_t(a.per_device_train_batch_size));
 }
 
-TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be)
-    : TrainingRun(a, c, seq_len, be, PlanOnly{}) {
+TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+                         GradientMemory grads)
+    : TrainingRun(a, c, seq_len, be, grads, PlanOnly{}) {
   mem_ = std::make_unique<PlannedMemory>(record_plan(), be);
   mem_->begin_phase(Phase::Setup);
   setup(*mem_);
   mem_->end_phase();
-  for (Tensor* t : {&model_->grads(), &adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
+  for (Tensor* t : {&adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
+  if (!scoped_grads_)
+    for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
 }
 
-MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be) {
-  return TrainingRun(a, c, seq_len, be, PlanOnly{}).record_plan();
+MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+                             GradientMemory grads) {
+  return TrainingRun(a, c, seq_len, be, grads, PlanOnly{}).record_plan();
 }
 
 // Dry-runs setup, one micro-step at the largest batch and one optimizer step against a
@@ -70,6 +83,7 @@ MemoryPlan TrainingRun::record_plan() {
     planner.end_phase();
     run_micro_step(planner, nullptr, nullptr, nullptr, nullptr, args_.per_device_train_batch_size, 1.0f, 0, nullptr);
     run_optimizer_step(planner, 0.0, 1);
+    if (scoped_grads_) planner.share_arena(Category::Gradients, Category::Activations);
   } catch (...) {
     be_.dry_run = false;
     throw;
@@ -79,7 +93,7 @@ MemoryPlan TrainingRun::record_plan() {
 }
 
 void TrainingRun::setup(BufferSource& mem) {
-  model_->bind_parameters(mem);
+  model_->bind_parameters(mem, scoped_grads_);
   const int64_t n = model_->layout().count();
   adam_m_ = mem.take(Category::OptimizerState, "adam_exp_avg", -1, DType::F32, {n});
   adam_v_ = mem.take(Category::OptimizerState, "adam_exp_avg_sq", -1, DType::F32, {n});
@@ -134,8 +148,12 @@ void TrainingRun::read_weights(float* host) {
 }
 
 void TrainingRun::read_grads(float* host) {
-  Tensor dst = host_tensor(host, DType::F32, model_->grads().shape);
-  ops::copy(be_, model_->grads(), dst);
+  HONE_CHECK(!scoped_grads_ || step_open_, "step-scoped gradients exist only between micro_step and optimizer_step");
+  for (int k = 0; k < model_->num_groups(); ++k) {
+    const ParamGroup& g = model_->layout().groups()[size_t(k)];
+    Tensor dst = host_tensor(host + g.begin, DType::F32, {g.size()});
+    ops::copy(be_, model_->grad(k), dst);
+  }
   be_.synchronize();
 }
 
@@ -150,6 +168,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   HONE_CHECK(batch >= 1 && batch <= args_.per_device_train_batch_size, "batch of {} rows", batch);
   const bool regression = model_->regression();
   const int64_t T = int64_t(batch) * seq_;
+  // Step-scoped gradients live until the optimizer step: both run in one phase.
+  HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
   mem.begin_phase(Phase::MicroStep);
   BatchTensors b{batch, seq_, mem.take(Category::Activations, "input_ids", -1, DType::I32, {T}),
                  mem.take(Category::Activations, "attention_mask", -1, DType::I32, {batch, seq_}),
@@ -171,29 +191,46 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   ops::add_scaled(be_, loss, grad_scale, loss_sum_);
   mem.release(loss);
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels}) mem.release(*t);
-  mem.end_phase();
+  if (scoped_grads_)
+    step_open_ = true;
+  else
+    mem.end_phase();
 }
 
 void TrainingRun::optimizer_step(double lr, int64_t step) { run_optimizer_step(*mem_, lr, step); }
 
 void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step) {
-  mem.begin_phase(Phase::OptimizerStep);
-  Tensor& grads = model_->grads();
+  if (scoped_grads_) {
+    HONE_CHECK(step_open_, "optimizer_step without a micro_step before it");
+  } else {
+    mem.begin_phase(Phase::OptimizerStep);
+  }
+  const auto& groups = model_->layout().groups();
   Tensor& weights = model_->weights();
   ops::fill(be_, sumsq_, 0.0f);
-  ops::sum_squares(be_, grads, sumsq_);
+  for (int k = 0; k < model_->num_groups(); ++k) ops::sum_squares(be_, model_->grad(k), sumsq_);
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_);
-  // Two contiguous groups: [0, decayed) takes weight decay, the rest (biases, LayerNorm) not.
-  const int64_t n = model_->layout().count(), nd = model_->layout().decayed_count();
-  AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step};
-  for (auto [lo, hi, wd] : {std::tuple{int64_t(0), nd, s.weight_decay}, std::tuple{nd, n, 0.0}}) {
-    if (lo == hi) continue;
-    Tensor p = weights.rows(lo, hi), g = grads.rows(lo, hi), m = adam_m_.rows(lo, hi), v = adam_v_.rows(lo, hi);
-    AdamWStep group = s;
-    group.weight_decay = wd;
-    ops::adamw(be_, p, g, m, v, group, norm_coef_);
+  // Per group: [begin, decayed_end) takes weight decay, the rest (biases, LayerNorm) not.
+  const AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step};
+  for (int k = 0; k < model_->num_groups(); ++k) {
+    const ParamGroup& pg = groups[size_t(k)];
+    const Tensor grad = model_->grad(k);
+    for (auto [lo, hi, wd] : {std::tuple{pg.begin, pg.decayed_end, s.weight_decay},
+                              std::tuple{pg.decayed_end, pg.end, 0.0}}) {
+      if (lo == hi) continue;
+      Tensor p = weights.rows(lo, hi), m = adam_m_.rows(lo, hi), v = adam_v_.rows(lo, hi);
+      const Tensor g = grad.rows(lo - pg.begin, hi - pg.begin);
+      AdamWStep part = s;
+      part.weight_decay = wd;
+      ops::adamw(be_, p, g, m, v, part, norm_coef_);
+    }
   }
-  ops::fill(be_, grads, 0.0f);
+  if (scoped_grads_) {
+    model_->release_grads(mem);
+    step_open_ = false;
+  } else {
+    for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+  }
   mem.end_phase();
 }
 

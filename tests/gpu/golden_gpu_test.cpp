@@ -29,6 +29,7 @@ TEST_P(GoldenGpuTest, Fp32MatchesTransformers) {
   auto be = make_cuda_backend({});
   test::check_golden_forward_backward(GetParam(), *be);
   test::check_golden_training(GetParam(), *be);
+  test::check_golden_training(GetParam(), *be, {}, GradientMemory::StepScoped);
 }
 
 TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
@@ -121,14 +122,15 @@ TEST(GpuParity, CheckpointFromGpuGivesSameLogitsOnCpu) {
 }
 
 // After a warm-up step, steps take no memory: no arena allocation and no change in the
-// device's free memory (which would catch a library allocating behind our back).
+// device's free memory (which would catch a library allocating behind our back). With
+// step-scoped gradients, as the CLI runs without accumulation.
 TEST(GpuMemory, StepsAllocateNothing) {
   SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   const BertConfig c = dropout_config();
   TrainingArguments a;
   a.per_device_train_batch_size = 4;
-  TrainingRun run(a, c, 32, *cuda);
+  TrainingRun run(a, c, 32, *cuda, GradientMemory::StepScoped);
   std::vector<float> w(size_t(run.model().layout().count()));
   init_weights(c, run.model().layout(), w.data(), 3);
   run.write_weights(w.data());
