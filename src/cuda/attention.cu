@@ -147,15 +147,18 @@ __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restric
   }
 }
 
-// Column-major C = alpha op(A) op(B) for each of `batch` heads, C overwritten.
-void heads_gemm(const CudaBackend& be, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+// Column-major C = alpha op(A) op(B) for each of `batch` heads, C overwritten: one
+// strided-batched cuBLASLt product.
+void heads_gemm(CudaBackend& be, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                 const float* a, int lda, int64_t stride_a, const float* b, int ldb, int64_t stride_b, float* c,
                 int ldc, int64_t stride_c, int batch) {
-  const float beta = 0.0f;
-  HONE_CUBLAS_CHECK(cublasGemmStridedBatchedEx(be.blas(), ta, tb, m, n, k, &alpha, a, CUDA_R_32F, lda, stride_a, b,
-                                               CUDA_R_32F, ldb, stride_b, &beta, c, CUDA_R_32F, ldc, stride_c, batch,
-                                               be.tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
-                                               CUBLAS_GEMM_DEFAULT));
+  CudaBackend::LtGemm g{ta, tb, m, n, k, a, lda, b, ldb, c, ldc, 0.0f};
+  g.alpha = alpha;
+  g.batch = batch;
+  g.stride_a = stride_a;
+  g.stride_b = stride_b;
+  g.stride_d = stride_c;
+  be.lt_matmul(g);
 }
 
 // Where sequence b's operands start: Q, K, V and their gradients in [B*S, 3H], the

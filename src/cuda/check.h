@@ -2,7 +2,6 @@
 // Every CUDA runtime and cuBLAS call goes through these: a failure throws hone::Error
 // naming the call, the file and line, and the library's own description.
 #include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include "hone/error.h"
@@ -19,7 +18,7 @@
   do {                                                                                               \
     cublasStatus_t hone_st_ = (call);                                                                \
     if (hone_st_ != CUBLAS_STATUS_SUCCESS)                                                           \
-      ::hone::fail("{} failed at {}:{}: {}", #call, __FILE__, __LINE__, cublasGetStatusString(hone_st_)); \
+      ::hone::fail("{} failed at {}:{}: {}", #call, __FILE__, __LINE__, cublasLtGetStatusString(hone_st_)); \
   } while (0)
 
 // After a kernel launch: launch errors are reported at once, execution errors by the

@@ -35,18 +35,13 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   name_ = fmt::format("cuda:{} ({})", device_, prop.name);
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
-  HONE_CUBLAS_CHECK(cublasCreate(&blas_));
-  HONE_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-  HONE_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
-  HONE_CUBLAS_CHECK(cublasSetWorkspace(blas_, gemm_workspace_, kGemmWorkspaceBytes));
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors must not throw: errors here are ignored (the process is ending the run).
   if (stream_) cudaStreamSynchronize(stream_);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
-  if (blas_) cublasDestroy(blas_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -5,7 +5,6 @@
 // trust their indices: the trainer validates token ids and labels on the host before
 // a batch reaches any backend.
 #include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -66,12 +65,30 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream() const { return stream_; }
   cublasLtHandle_t lt() const { return lt_; }
-  cublasHandle_t blas() const { return blas_; }
   void* gemm_workspace() const { return gemm_workspace_; }
   size_t gemm_workspace_bytes() const { return kGemmWorkspaceBytes; }
   bool tf32() const { return tf32_; }
 
   static constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+
+  // Every matrix product of the backend: column-major D[m, n] = alpha op(A) op(B) +
+  // beta D (+ bias per row when set), `batch` times at the given element strides.
+  struct LtGemm {
+    cublasOperation_t op_a, op_b;
+    int64_t m, n, k;
+    const float* a;
+    int64_t lda;
+    const float* b;
+    int64_t ldb;
+    float* d;
+    int64_t ldd;
+    float beta;
+    const float* bias = nullptr;
+    float alpha = 1.0f;
+    int batch = 1;
+    int64_t stride_a = 0, stride_b = 0, stride_d = 0;
+  };
+  void lt_matmul(const LtGemm& g);
 
  private:
   int device_;
@@ -79,20 +96,18 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
   void* gemm_workspace_ = nullptr;
 
   // linear.cu state: the cuBLASLt algorithm the heuristic chose for each problem seen
   // (the query costs far more than the product for small shapes), round-robin when full.
-  struct LtGemm;
+  static constexpr int kLtKey = 17;
   struct LtAlgo {
-    int64_t key[10];
+    int64_t key[kLtKey];
     cublasLtMatmulAlgo_t algo;
   };
   static constexpr int kLtAlgoCache = 64;
   LtAlgo lt_algos_[kLtAlgoCache] = {};
   int lt_algo_count_ = 0;
-  void lt_matmul(const LtGemm& g);
 };
 
 }  // namespace hone

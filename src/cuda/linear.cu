@@ -17,20 +17,6 @@
 
 namespace hone {
 
-// Column-major D[m, n] = op(A) op(B) + beta D, with the bias epilogue when bias is set.
-struct CudaBackend::LtGemm {
-  cublasOperation_t op_a, op_b;
-  int64_t m, n, k;
-  const float* a;
-  int64_t lda;
-  const float* b;
-  int64_t ldb;
-  float* d;
-  int64_t ldd;
-  float beta;
-  const float* bias;
-};
-
 namespace {
 
 // Largest power of two (at most 256) dividing the address: what the heuristic must
@@ -96,11 +82,21 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
   HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(la, CUDA_R_32F, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
   HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lb, CUDA_R_32F, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
   HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(ld, CUDA_R_32F, g.m, g.n, g.ldd));
+  if (g.batch > 1) {  // the attention's per-head products: one call for all heads
+    const int32_t count = g.batch;
+    for (auto [layout, stride] : {std::pair{la, g.stride_a}, std::pair{lb, g.stride_b}, std::pair{ld, g.stride_d}}) {
+      HONE_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      HONE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                         sizeof(stride)));
+    }
+  }
 
   const uint32_t align_a = alignment(g.a), align_b = alignment(g.b), align_d = alignment(g.d);
-  // The leading dimensions are part of the problem too, but here each (m, n, k, ops)
-  // comes with one set of them; alignment(nullptr) is 256, hence the flag for the bias.
-  const int64_t key[10] = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b, align_d, alignment(g.bias)};
+  // alignment(nullptr) is 256, hence the flag for the bias.
+  const int64_t key[kLtKey] = {g.m,     g.n,     g.k,     g.op_a,           g.op_b,     g.bias != nullptr,
+                               align_a, align_b, align_d, alignment(g.bias), g.lda,      g.ldb,
+                               g.ldd,   g.batch, g.stride_a, g.stride_b,      g.stride_d};
   const cublasLtMatmulAlgo_t* algo = nullptr;
   for (int i = 0; i < std::min(lt_algo_count_, kLtAlgoCache) && !algo; ++i)
     if (std::memcmp(lt_algos_[i].key, key, sizeof(key)) == 0) algo = &lt_algos_[i].algo;
@@ -129,8 +125,7 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
     slot.algo = result.algo;
     algo = &slot.algo;
   }
-  const float alpha = 1.0f;
-  HONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, algo,
+  HONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &g.alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, algo,
                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));
 }
 
