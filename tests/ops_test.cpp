@@ -600,6 +600,43 @@ TEST(OpsOptimizer, AdamWTwoStepsMatchHandComputedReference) {
   }
 }
 
+// The multi-tensor ops (one call for many parameter groups, each with its own weight
+// decay; lists longer than one backend call are split) equal one call per tensor.
+TEST(OpsOptimizer, TensorListsEqualOneCallPerTensor) {
+  CpuBackend be;
+  const int count = kMaxTensorList + 5;
+  std::vector<HostTensor> p, g, m, v, p1, m1, v1;
+  std::vector<AdamWSlice> slices;
+  std::vector<Tensor> grads;
+  HostTensor coef = filled({2}, 0.7f);
+  for (int t = 0; t < count; ++t) {
+    const int64_t n = 1 + t * 3;
+    p.push_back(random({n}, uint64_t(t)));
+    p1.push_back(random({n}, uint64_t(t)));
+    g.push_back(random({n}, uint64_t(100 + t)));
+    for (auto* list : {&m, &v, &m1, &v1}) list->push_back(filled({n}, 0.01f));
+  }
+  for (int t = 0; t < count; ++t) {
+    slices.push_back({p[size_t(t)].t, g[size_t(t)].t, m[size_t(t)].t, v[size_t(t)].t, t % 2 ? 0.0 : 0.1});
+    grads.push_back(g[size_t(t)].t);
+  }
+  const AdamWStep s{.lr = 0.01, .step = 3};
+  ops::adamw(be, slices.data(), count, s, coef.t);
+  HostTensor sum_list = filled({1}, 0.0f), sum_each = filled({1}, 0.0f);
+  ops::sum_squares(be, grads.data(), count, sum_list.t);
+  for (int t = 0; t < count; ++t) {
+    AdamWStep one = s;
+    one.weight_decay = t % 2 ? 0.0 : 0.1;
+    ops::adamw(be, p1[size_t(t)].t, g[size_t(t)].t, m1[size_t(t)].t, v1[size_t(t)].t, one, coef.t);
+    ops::sum_squares(be, g[size_t(t)].t, sum_each.t);
+    for (int64_t i = 0; i < p[size_t(t)].n(); ++i) {
+      EXPECT_EQ(p[size_t(t)].f()[i], p1[size_t(t)].f()[i]) << t;
+      EXPECT_EQ(v[size_t(t)].f()[i], v1[size_t(t)].f()[i]) << t;
+    }
+  }
+  EXPECT_NEAR(sum_list.f()[0], sum_each.f()[0], 1e-6 * sum_each.f()[0]);
+}
+
 TEST(OpsOptimizer, AdamWFirstStepMovesByLearningRate) {
   // With zero moments, step 1 moves each weight by lr * sign(g) after decay.
   CpuBackend be;

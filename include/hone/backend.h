@@ -36,6 +36,15 @@ struct AdamWStep {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// One parameter range of a multi-tensor AdamW step, with its own weight decay.
+struct AdamWSlice {
+  Tensor param, grad, m, v;
+  double weight_decay = 0;
+};
+
+// Tensors per multi-tensor backend call; the ops wrappers split longer lists.
+constexpr int kMaxTensorList = 48;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -112,14 +121,15 @@ class Backend {
                              Tensor& dlogits) = 0;
   virtual void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) = 0;
 
-  // out[0] += sum of x^2 (accumulated so that several buffers add into one norm).
-  virtual void sum_squares(const Tensor& x, Tensor& out) = 0;
+  // out[0] += sum of x^2 over every tensor of the list (count <= kMaxTensorList): one
+  // launch for all parameter groups.
+  virtual void sum_squares(const Tensor* xs, int count, Tensor& out) = 0;
   // From out[0] of sum_squares: norm_coef[0] = sqrt(sumsq), norm_coef[1] =
   // min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_; 1 if max_norm <= 0.
   virtual void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) = 0;
-  // torch.optim.AdamW on grad * norm_coef[1].
-  virtual void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                     const Tensor& norm_coef) = 0;
+  // torch.optim.AdamW on grad * norm_coef[1], for every slice of the list (count <=
+  // kMaxTensorList), each with its own weight decay (s.weight_decay is not used).
+  virtual void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) = 0;
 };
 
 }  // namespace hone

@@ -45,10 +45,9 @@ class CpuBackend final : public Backend {
   void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
                      Tensor& dlogits) override;
   void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) override;
-  void sum_squares(const Tensor& x, Tensor& out) override;
+  void sum_squares(const Tensor* xs, int count, Tensor& out) override;
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) override;
-  void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-             const Tensor& norm_coef) override;
+  void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
 };
 
 }  // namespace hone

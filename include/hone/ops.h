@@ -43,8 +43,10 @@ void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, floa
 void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred);
 
 void sum_squares(Backend& be, const Tensor& x, Tensor& out);
+void sum_squares(Backend& be, const Tensor* xs, int count, Tensor& out);  // any count
 void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef);
 void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
            const Tensor& norm_coef);
+void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef);
 
 }  // namespace hone::ops

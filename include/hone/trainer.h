@@ -98,6 +98,10 @@ class TrainingRun {
   std::unique_ptr<PlannedMemory> mem_;
   Tensor adam_m_, adam_v_, loss_sum_, sumsq_, norm_coef_;
   std::vector<int32_t> int_labels_;  // host staging for class ids
+  // Tensor lists of the multi-tensor optimizer ops, refilled each step within their
+  // reserved capacity (no allocation).
+  std::vector<Tensor> grad_list_;
+  std::vector<AdamWSlice> adamw_list_;
 };
 
 struct TrainCallbacks {

@@ -1,5 +1,6 @@
 // Gradient clipping (torch.nn.utils.clip_grad_norm_) and torch.optim.AdamW. The clip
 // coefficient stays on the device: adamw reads it there, so a step never waits on the host.
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_backend.h"
@@ -16,15 +17,26 @@ using cuda::Vec;
 // double sum while still filling the GPU (the loop below covers the rest).
 constexpr int kSumSquaresMaxBlocks = 512;
 
+// Tensor lists travel as kernel arguments (a few KB at most): one launch for every
+// parameter group. blockIdx.y picks the tensor, blockIdx.x strides through it.
+struct SumSquaresList {
+  const float* x[kMaxTensorList];
+  int64_t n[kMaxTensorList];
+  bool vec[kMaxTensorList];
+};
+
 // Squares are exact in double and summed in double per thread and per block, as the CPU
 // does; only the final atomicAdd into the F32 output rounds.
-__global__ void sum_squares_kernel(const float* x, int64_t n, bool vec, float* out) {
+__global__ void sum_squares_kernel(SumSquaresList list, float* out) {
   __shared__ double scratch[32];
+  const int t = blockIdx.y;
+  const float* x = list.x[t];
+  const int64_t n = list.n[t];
   double acc = 0;
   const int64_t groups = cuda::groups_of_4(n);
 #pragma unroll 4
   for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
-    const Vec<4> q = cuda::load4(x, 4 * g, n, vec);  // past n: zeros, which add nothing
+    const Vec<4> q = cuda::load4(x, 4 * g, n, list.vec[t]);  // past n: zeros, which add nothing
 #pragma unroll
     for (int k = 0; k < 4; ++k) acc = fma(double(q.v[k]), double(q.v[k]), acc);
   }
@@ -46,14 +58,29 @@ __global__ void clip_coefficient_kernel(const float* sumsq, float max_norm, floa
 
 // The step's scalars, computed on the host in double as the CPU backend does.
 struct AdamWScalars {
-  float decay, step_size, bias2_sqrt, w1, w2, b2, eps;
+  float step_size, bias2_sqrt, w1, w2, b2, eps;
+};
+
+struct AdamWList {
+  float* param[kMaxTensorList];
+  const float* grad[kMaxTensorList];
+  float* m[kMaxTensorList];
+  float* v[kMaxTensorList];
+  int64_t n[kMaxTensorList];
+  float decay[kMaxTensorList];  // 1 - lr * weight_decay of each slice
+  bool vec[kMaxTensorList];
 };
 
 // The CPU's update, operation for operation. The _rn intrinsics forbid FMA contraction
 // and the default sqrtf and division are correctly rounded, so every element rounds
 // exactly as the CPU reference (which is built without FMA).
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, bool vec,
-                             AdamWScalars s, const float* norm_coef) {
+__global__ void adamw_kernel(AdamWList list, AdamWScalars s, const float* norm_coef) {
+  const int t = blockIdx.y;
+  float *param = list.param[t], *m = list.m[t], *v = list.v[t];
+  const float* grad = list.grad[t];
+  const int64_t n = list.n[t];
+  const bool vec = list.vec[t];
+  const float decay = list.decay[t];
   const float clip = norm_coef[1];
   const int64_t groups = cuda::groups_of_4(n);
   for (int64_t gi = cuda::grid_start(); gi < groups; gi += cuda::grid_stride()) {
@@ -63,7 +90,7 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float g = __fmul_rn(gr.v[k], clip);
-      p.v[k] = __fmul_rn(p.v[k], s.decay);
+      p.v[k] = __fmul_rn(p.v[k], decay);
       mm.v[k] = __fadd_rn(mm.v[k], __fmul_rn(s.w1, __fsub_rn(g, mm.v[k])));  // exp_avg.lerp_(grad, 1 - beta1)
       vv.v[k] = __fadd_rn(__fmul_rn(vv.v[k], s.b2), __fmul_rn(__fmul_rn(s.w2, g), g));
       const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vv.v[k]), s.bias2_sqrt), s.eps);
@@ -77,12 +104,20 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
 
 }  // namespace
 
-void CudaBackend::sum_squares(const Tensor& x, Tensor& out) {
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  const float* xp = x.f32();
-  const int blocks = std::min(cuda::blocks_for(cuda::groups_of_4(n)), kSumSquaresMaxBlocks);
-  sum_squares_kernel<<<blocks, cuda::kThreads, 0, stream()>>>(xp, n, cuda::aligned16(xp), out.f32());
+void CudaBackend::sum_squares(const Tensor* xs, int count, Tensor& out) {
+  SumSquaresList list{};
+  int64_t longest = 0;
+  for (int t = 0; t < count; ++t) {
+    list.x[t] = xs[t].f32();
+    list.n[t] = xs[t].numel();
+    list.vec[t] = cuda::aligned16(list.x[t]);
+    longest = std::max(longest, list.n[t]);
+  }
+  if (count == 0 || longest == 0) return;
+  // Few enough blocks per tensor that the float atomics stay within ~1e-6 of a double sum.
+  const int per_tensor = std::max(1, std::min(cuda::blocks_for(cuda::groups_of_4(longest)),
+                                              kSumSquaresMaxBlocks / count));
+  sum_squares_kernel<<<dim3(per_tensor, count), cuda::kThreads, 0, stream()>>>(list, out.f32());
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -91,26 +126,37 @@ void CudaBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& 
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                        const Tensor& norm_coef) {
-  const int64_t n = param.numel();
-  if (n == 0) return;
+void CudaBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
   // As src/ops/optimizer.cpp: the step's scalars in double, as torch computes them from
   // Python floats, then rounded to float once.
   const double lr = s.lr;
   AdamWScalars k;
-  k.decay = float(1.0 - lr * s.weight_decay);
   k.step_size = float(lr / (1.0 - std::pow(double(s.beta1), double(s.step))));
   k.bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
   k.w1 = float(1.0 - s.beta1);
   k.w2 = float(1.0 - s.beta2);
   k.b2 = float(s.beta2);
   k.eps = float(s.eps);
-  float *pp = param.f32(), *mp = m.f32(), *vp = v.f32();
-  const float* gp = grad.f32();
-  const bool vec = cuda::aligned16(pp) && cuda::aligned16(gp) && cuda::aligned16(mp) && cuda::aligned16(vp);
-  adamw_kernel<<<cuda::blocks_for(cuda::groups_of_4(n)), cuda::kThreads, 0, stream()>>>(pp, gp, mp, vp, n, vec, k,
-                                                                                         norm_coef.f32());
+  AdamWList list{};
+  int64_t longest = 0;
+  for (int t = 0; t < count; ++t) {
+    const AdamWSlice& x = slices[t];
+    list.param[t] = x.param.f32();
+    list.grad[t] = x.grad.f32();
+    list.m[t] = x.m.f32();
+    list.v[t] = x.v.f32();
+    list.n[t] = x.param.numel();
+    list.decay[t] = float(1.0 - lr * x.weight_decay);
+    list.vec[t] = cuda::aligned16(list.param[t]) && cuda::aligned16(list.grad[t]) && cuda::aligned16(list.m[t]) &&
+                  cuda::aligned16(list.v[t]);
+    longest = std::max(longest, list.n[t]);
+  }
+  if (count == 0 || longest == 0) return;
+  // Blocks past a short tensor's end return at once; a cap keeps them few.
+  constexpr int kMaxBlocksPerTensor = 2048;
+  const int per_tensor = std::min(cuda::blocks_for(cuda::groups_of_4(longest)), kMaxBlocksPerTensor);
+  adamw_kernel<<<dim3(per_tensor, count), cuda::kThreads, 0, stream()>>>(
+      list, k, norm_coef.f32());
   HONE_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,4 +1,5 @@
 // Gradient clipping (torch.nn.utils.clip_grad_norm_) and torch.optim.AdamW.
+#include <algorithm>
 #include <cmath>
 
 #include "hone/cpu_backend.h"
@@ -9,11 +10,14 @@ namespace hone {
 
 namespace ops {
 
-void sum_squares(Backend& be, const Tensor& x, Tensor& out) {
-  detail::expect_dtype("sum_squares", "x", x, DType::F32);
+void sum_squares(Backend& be, const Tensor& x, Tensor& out) { sum_squares(be, &x, 1, out); }
+
+void sum_squares(Backend& be, const Tensor* xs, int count, Tensor& out) {
+  for (int i = 0; i < count; ++i) detail::expect_dtype("sum_squares", "x", xs[i], DType::F32);
   detail::expect("sum_squares", "out", out, DType::F32, {1});
   if (be.dry_run) return;
-  be.sum_squares(x, out);
+  for (int first = 0; first < count; first += kMaxTensorList)
+    be.sum_squares(xs + first, std::min(kMaxTensorList, count - first), out);
 }
 
 void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
@@ -25,26 +29,37 @@ void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& 
 
 void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
            const Tensor& norm_coef) {
-  detail::expect_dtype("adamw", "param", param, DType::F32);
-  detail::expect("adamw", "grad", grad, DType::F32, param.shape);
-  detail::expect("adamw", "m", m, DType::F32, param.shape);
-  detail::expect("adamw", "v", v, DType::F32, param.shape);
+  const AdamWSlice slice{param, grad, m, v, s.weight_decay};
+  adamw(be, &slice, 1, s, norm_coef);
+}
+
+void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
+  for (int i = 0; i < count; ++i) {
+    const AdamWSlice& x = slices[i];
+    detail::expect_dtype("adamw", "param", x.param, DType::F32);
+    detail::expect("adamw", "grad", x.grad, DType::F32, x.param.shape);
+    detail::expect("adamw", "m", x.m, DType::F32, x.param.shape);
+    detail::expect("adamw", "v", x.v, DType::F32, x.param.shape);
+  }
   detail::expect("adamw", "norm_coef", norm_coef, DType::F32, {2});
   if (s.step < 1) fail("adamw: step is {}, expected >= 1", s.step);
   if (be.dry_run) return;
-  be.adamw(param, grad, m, v, s, norm_coef);
+  for (int first = 0; first < count; first += kMaxTensorList)
+    be.adamw(slices + first, std::min(kMaxTensorList, count - first), s, norm_coef);
 }
 
 }  // namespace ops
 
-void CpuBackend::sum_squares(const Tensor& x, Tensor& out) {
-  const float* xp = x.f32();
-  const int64_t n = x.numel();
-  double acc = 0;
-#pragma omp parallel for schedule(static) reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += double(xp[i]) * xp[i];
+void CpuBackend::sum_squares(const Tensor* xs, int count, Tensor& out) {
   float* o = out.f32();
-  o[0] = float(double(o[0]) + acc);
+  for (int t = 0; t < count; ++t) {
+    const float* xp = xs[t].f32();
+    const int64_t n = xs[t].numel();
+    double acc = 0;
+#pragma omp parallel for schedule(static) reduction(+ : acc)
+    for (int64_t i = 0; i < n; ++i) acc += double(xp[i]) * xp[i];
+    o[0] = float(double(o[0]) + acc);
+  }
 }
 
 void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
@@ -59,27 +74,29 @@ void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& n
   out[1] = float(coef);
 }
 
-void CpuBackend::adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
-                       const Tensor& norm_coef) {
+void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
   // The step's scalars in double, as torch computes them from Python floats.
   const double lr = s.lr;
-  const float decay = float(1.0 - lr * s.weight_decay);
   const float step_size = float(lr / (1.0 - std::pow(double(s.beta1), double(s.step))));
   const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
   const float w1 = float(1.0 - s.beta1), w2 = float(1.0 - s.beta2), b2 = float(s.beta2);
   const float eps = float(s.eps);
   const float clip = norm_coef.f32()[1];
-  float *pp = param.f32(), *mp = m.f32(), *vp = v.f32();
-  const float* gp = grad.f32();
-  const int64_t n = param.numel();
+  for (int t = 0; t < count; ++t) {
+    const AdamWSlice& x = slices[t];
+    const float decay = float(1.0 - lr * x.weight_decay);
+    float *pp = x.param.f32(), *mp = x.m.f32(), *vp = x.v.f32();
+    const float* gp = x.grad.f32();
+    const int64_t n = x.param.numel();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gp[i] * clip;
-    pp[i] *= decay;
-    mp[i] += w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
-    vp[i] = vp[i] * b2 + w2 * g * g;
-    const float denom = std::sqrt(vp[i]) / bias2_sqrt + eps;
-    pp[i] -= step_size * (mp[i] / denom);
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gp[i] * clip;
+      pp[i] *= decay;
+      mp[i] += w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
+      vp[i] = vp[i] * b2 + w2 * g * g;
+      const float denom = std::sqrt(vp[i]) / bias2_sqrt + eps;
+      pp[i] -= step_size * (mp[i] / denom);
+    }
   }
 }
 

@@ -53,6 +53,8 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
   int_labels_.resize(size_t(a.per_device_train_batch_size));
+  grad_list_.reserve(model_->layout().groups().size());
+  adamw_list_.reserve(2 * model_->layout().groups().size());
 }
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
@@ -207,24 +209,25 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   }
   const auto& groups = model_->layout().groups();
   Tensor& weights = model_->weights();
-  ops::fill(be_, sumsq_, 0.0f);
-  for (int k = 0; k < model_->num_groups(); ++k) ops::sum_squares(be_, model_->grad(k), sumsq_);
-  ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_);
-  // Per group: [begin, decayed_end) takes weight decay, the rest (biases, LayerNorm) not.
+  grad_list_.clear();
+  adamw_list_.clear();
   const AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step};
   for (int k = 0; k < model_->num_groups(); ++k) {
     const ParamGroup& pg = groups[size_t(k)];
-    const Tensor grad = model_->grad(k);
+    const Tensor& grad = model_->grad(k);
+    grad_list_.push_back(grad);
+    // [begin, decayed_end) takes weight decay, the rest (biases, LayerNorm) not.
     for (auto [lo, hi, wd] : {std::tuple{pg.begin, pg.decayed_end, s.weight_decay},
-                              std::tuple{pg.decayed_end, pg.end, 0.0}}) {
-      if (lo == hi) continue;
-      Tensor p = weights.rows(lo, hi), m = adam_m_.rows(lo, hi), v = adam_v_.rows(lo, hi);
-      const Tensor g = grad.rows(lo - pg.begin, hi - pg.begin);
-      AdamWStep part = s;
-      part.weight_decay = wd;
-      ops::adamw(be_, p, g, m, v, part, norm_coef_);
-    }
+                              std::tuple{pg.decayed_end, pg.end, 0.0}})
+      if (lo < hi)
+        adamw_list_.push_back({weights.rows(lo, hi), grad.rows(lo - pg.begin, hi - pg.begin), adam_m_.rows(lo, hi),
+                               adam_v_.rows(lo, hi), wd});
   }
+  // One launch each for the norm and the update of every group (per 48 tensors).
+  ops::fill(be_, sumsq_, 0.0f);
+  ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
+  ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_);
+  ops::adamw(be_, adamw_list_.data(), int(adamw_list_.size()), s, norm_coef_);
   if (scoped_grads_) {
     model_->release_grads(mem);
     step_open_ = false;

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <deque>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -457,6 +459,37 @@ TEST_F(GpuOps, ClipCoefficientMatchesCpu) {
         EXPECT_NEAR(got[size_t(i)], coef.cpu.f()[i], 1e-6 * std::fabs(coef.cpu.f()[i]))
             << "norm_coef[" << i << "] for sumsq " << sumsq << ", max_norm " << max_norm;
     }
+}
+
+// A list of parameter groups of very different sizes and decays in one launch each.
+TEST_F(GpuOps, TensorListOptimizerMatchesCpu) {
+  Backend& g = gpu();
+  const int count = 7;
+  std::deque<Both> p, grad, m, v;  // Both does not move: a deque builds in place
+  for (int t = 0; t < count; ++t) {
+    const int64_t n = t == 3 ? (1 << 20) + 5 : 3 + 11 * t;
+    p.emplace_back(g, random({n}, uint64_t(t)));
+    grad.emplace_back(g, random({n}, uint64_t(50 + t)));
+    m.emplace_back(g, filled({n}, 0.02f));
+    v.emplace_back(g, filled({n}, 0.03f));
+  }
+  Both coef(g, filled({2}, 0.8f)), sumsq(g, filled({1}, 0.0f));
+  const AdamWStep st{.lr = 0.05, .step = 2};
+  for (auto [be, s] : sides()) {
+    std::vector<AdamWSlice> slices;
+    std::vector<Tensor> grads;
+    for (int t = 0; t < count; ++t) {
+      slices.push_back({p[size_t(t)][s], grad[size_t(t)][s], m[size_t(t)][s], v[size_t(t)][s], t % 2 ? 0.0 : 0.1});
+      grads.push_back(grad[size_t(t)][s]);
+    }
+    ops::sum_squares(*be, grads.data(), count, sumsq[s]);
+    ops::adamw(*be, slices.data(), count, st, coef[s]);
+  }
+  expect_close("sum of squares", sumsq, kFp32Tol);
+  for (int t = 0; t < count; ++t) {
+    expect_close(fmt::format("param {}", t), p[size_t(t)], kFp32Tol);
+    expect_close(fmt::format("v {}", t), v[size_t(t)], kFp32Tol);
+  }
 }
 
 TEST_F(GpuOps, AdamWTwoStepsMatchCpu) {
