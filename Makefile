@@ -1,8 +1,9 @@
 # Front door: `make demo` and `make test` install what is missing, configure and build.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-# The seed experiment on a GPU; a small BERT on a CPU-only machine.
+# The seed experiment on a GPU (kernels built for that GPU); a small BERT on a CPU-only machine.
 ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
+CMAKE_FLAGS ?= -DCMAKE_CUDA_ARCHITECTURES=native
 DEMO_ARGS ?= --model_name_or_path bert-large-uncased --dataset synthetic:512x512 --per_device_train_batch_size 4 \
              --num_train_epochs 1 --output_dir out/demo
 else
@@ -16,7 +17,7 @@ deps:
 	@bash tools/install-deps.sh
 
 $(BUILD)/build.ninja: | deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
