@@ -97,6 +97,22 @@ int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d) const {
   return int64_t(omp_get_max_threads()) * 3 * int64_t(d.seq) * d.seq;
 }
 
+namespace {
+
+// The scaled scores Q K^T of head pair bh, written into this thread's scratch (three
+// [S, S] blocks: scores/probs, dropped probs, score gradient). Forward and backward both
+// call it, so backward recomputes exactly the forward's scores.
+float* head_scores(const AttentionDims& d, const float* qkvp, const Tensor& workspace, int bh) {
+  const int S = d.seq, H = d.hidden(), ld = 3 * H;
+  const int b = bh / d.heads, h = bh % d.heads;
+  const float* q = qkvp + int64_t(b) * S * ld + h * d.head_dim;
+  float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * S * S;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, d.head_dim, d.scale, q, ld, q + H, ld, 0.0f, p, S);
+  return p;
+}
+
+}  // namespace
+
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                    const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
@@ -109,29 +125,24 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
 #pragma omp parallel for schedule(dynamic)
   for (int bh = 0; bh < d.batch * d.heads; ++bh) {
     const int b = bh / d.heads, h = bh % d.heads;
-    float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * S * S;  // [S, S]
-    float* dropped = p + int64_t(S) * S;                                       // [S, S]
+    float* p = head_scores(d, qkvp, workspace, bh);
+    float* dropped = p + int64_t(S) * S;
     const int32_t* m = maskp + int64_t(b) * S;
-    {
-      const float* q = qkvp + int64_t(b) * S * ld + h * hd;
-      const float* k = q + H;
-      const float* v = q + 2 * H;
-      const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;  // flat index of probs[b, h, 0, 0]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, d.scale, q, ld, k, ld, 0.0f, p, S);
-      for (int i = 0; i < S; ++i) {
-        float* row = p + int64_t(i) * S;
-        const auto [mx, inv] = masked_softmax_row(row, m, S);
-        statsp[2 * (int64_t(bh) * S + i)] = mx;
-        statsp[2 * (int64_t(bh) * S + i) + 1] = inv;
-        if (dropping) {
-          float* out = dropped + int64_t(i) * S;
-          ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S,
-                                     [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
-        }
+    const float* v = qkvp + int64_t(b) * S * ld + 2 * H + h * hd;
+    const uint64_t base = uint64_t(bh) * S * S;  // flat index of probs[b, h, 0, 0]
+    for (int i = 0; i < S; ++i) {
+      float* row = p + int64_t(i) * S;
+      const auto [mx, inv] = masked_softmax_row(row, m, S);
+      statsp[2 * (int64_t(bh) * S + i)] = mx;
+      statsp[2 * (int64_t(bh) * S + i) + 1] = inv;
+      if (dropping) {
+        float* out = dropped + int64_t(i) * S;
+        ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S,
+                                   [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, v, ld, 0.0f,
-                  ctxp + int64_t(b) * S * H + h * hd, H);
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, v, ld, 0.0f,
+                ctxp + int64_t(b) * S * H + h * hd, H);
   }
 }
 
@@ -149,49 +160,46 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
 #pragma omp parallel for schedule(dynamic)
   for (int bh = 0; bh < d.batch * d.heads; ++bh) {
     const int b = bh / d.heads, h = bh % d.heads;
-    float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * S * S;  // [S, S]
-    float* dropped = p + int64_t(S) * S;                                       // [S, S]
-    float* dscores = dropped + int64_t(S) * S;                                 // [S, S]
-    {
-      const int64_t off = int64_t(b) * S * ld + h * hd;
-      const float* q = qkvp + off;
-      const float* k = q + H;
-      const float* v = q + 2 * H;
-      float* dq = dqkvp + off;
-      float* dk = dq + H;
-      float* dv = dq + 2 * H;
-      const float* dc = dctxp + int64_t(b) * S * H + h * hd;
-      const uint64_t base = (uint64_t(b) * d.heads + h) * S * S;
-      // The forward's probabilities again: the same product, then the saved statistics.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, d.scale, q, ld, k, ld, 0.0f, p, S);
-      const int32_t* m = maskp + int64_t(b) * S;
-      for (int i = 0; i < S; ++i) {
-        const float* st = statsp + 2 * (int64_t(bh) * S + i);
-        probs_row(p + int64_t(i) * S, m, S, st[0], st[1]);
-      }
-      // d(dropped probs) = dctx V^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, S);
-      for (int i = 0; i < S; ++i) {
-        const float* prow = p + int64_t(i) * S;
-        float* g = dscores + int64_t(i) * S;
-        if (dropping) {
-          // One walk of the mask gives both the dropped probs (for dV) and d(probs).
-          float* out = dropped + int64_t(i) * S;
-          ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S, [&](int64_t j, bool keep) {
-            out[j] = keep ? prow[j] * keep_scale : 0.0f;
-            g[j] = keep ? g[j] * keep_scale : 0.0f;
-          });
-        }
-        // Softmax backward: dS = P * (dP - sum(dP * P)).
-        double dot = 0;
-        for (int j = 0; j < S; ++j) dot += double(g[j]) * prow[j];
-        for (int j = 0; j < S; ++j) g[j] = prow[j] * (g[j] - float(dot));
-      }
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, dc, H, 0.0f,
-                  dv, ld);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, k, ld, 0.0f, dq, ld);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, q, ld, 0.0f, dk, ld);
+    // The forward's probabilities again: the same product, then the saved statistics.
+    float* p = head_scores(d, qkvp, workspace, bh);
+    float* dropped = p + int64_t(S) * S;
+    float* dscores = dropped + int64_t(S) * S;
+    const int32_t* m = maskp + int64_t(b) * S;
+    for (int i = 0; i < S; ++i) {
+      const float* st = statsp + 2 * (int64_t(bh) * S + i);
+      probs_row(p + int64_t(i) * S, m, S, st[0], st[1]);
     }
+    const int64_t off = int64_t(b) * S * ld + h * hd;
+    const float* q = qkvp + off;
+    const float* k = q + H;
+    const float* v = q + 2 * H;
+    float* dq = dqkvp + off;
+    float* dk = dq + H;
+    float* dv = dq + 2 * H;
+    const float* dc = dctxp + int64_t(b) * S * H + h * hd;
+    const uint64_t base = uint64_t(bh) * S * S;
+    // d(dropped probs) = dctx V^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, S);
+    for (int i = 0; i < S; ++i) {
+      const float* prow = p + int64_t(i) * S;
+      float* g = dscores + int64_t(i) * S;
+      if (dropping) {
+        // One walk of the mask gives both the dropped probs (for dV) and d(probs).
+        float* out = dropped + int64_t(i) * S;
+        ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S, [&](int64_t j, bool keep) {
+          out[j] = keep ? prow[j] * keep_scale : 0.0f;
+          g[j] = keep ? g[j] * keep_scale : 0.0f;
+        });
+      }
+      // Softmax backward: dS = P * (dP - sum(dP * P)).
+      double dot = 0;
+      for (int j = 0; j < S; ++j) dot += double(g[j]) * prow[j];
+      for (int j = 0; j < S; ++j) g[j] = prow[j] * (g[j] - float(dot));
+    }
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, dc, H, 0.0f,
+                dv, ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, k, ld, 0.0f, dq, ld);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, q, ld, 0.0f, dk, ld);
   }
 }
 
