@@ -59,6 +59,13 @@ class Backend {
   // allocate throws hone::Error naming the size when the device is out of memory.
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* p) noexcept = 0;
+  // Host memory for staging batches: page-locked on a GPU, so that copies from it are
+  // asynchronous DMA; plain aligned memory on the CPU. Throws hone::Error when out of memory.
+  virtual void* allocate_host(size_t bytes);
+  virtual void deallocate_host(void* p) noexcept;
+  // Blocks until every copy queued so far has finished reading its host source, so that
+  // a staging buffer can be refilled.
+  virtual void wait_for_copies() {}
   // Waits for queued work (a no-op on the CPU); used before host reads and timing.
   virtual void synchronize() {}
 

@@ -12,6 +12,7 @@
 #include "cli/env.h"
 #include "cli/progress.h"
 #include "cli/report.h"
+#include "cli/tokenize.h"
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
 #include "hone/gpu_info.h"
@@ -215,6 +216,12 @@ int main(int argc, char** argv) {
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");
   CLI::App* env = app.add_subcommand("env", "print the GPUs, driver, CUDA versions and supported features");
+  std::string tokenizer_dir;
+  int tokenize_max_length = 0;
+  CLI::App* tok = app.add_subcommand(
+      "tokenize", "tokenize JSON lines {\"text\": ..., \"text_pair\": ...} from stdin; print ids as JSON lines");
+  tok->add_option("--tokenizer", tokenizer_dir, "a directory with tokenizer.json or vocab.txt")->required();
+  tok->add_option("--max_length", tokenize_max_length, "truncate to this many tokens (0: no truncation)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -226,6 +233,7 @@ int main(int argc, char** argv) {
       return cli::train_command(train_args);
     }
     if (env->parsed()) return cli::env_command();
+    if (tok->parsed()) return cli::tokenize_command(tokenizer_dir, tokenize_max_length);
     validate(estimate_args);
     return cli::estimate(estimate_args, list_buffers);
   } catch (const Error& e) {

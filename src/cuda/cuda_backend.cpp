@@ -36,11 +36,13 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+  HONE_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors must not throw: errors here are ignored (the process is ending the run).
   if (stream_) cudaStreamSynchronize(stream_);
+  if (copied_) cudaEventDestroy(copied_);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -61,10 +63,26 @@ void* CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::deallocate(void* p) noexcept { cudaFree(p); }
 
+void* CudaBackend::allocate_host(size_t bytes) {
+  void* p = nullptr;
+  cudaError_t e = cudaMallocHost(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("cudaMallocHost of {:.1f} MiB of pinned host memory failed: {}", double(bytes) / (1 << 20),
+         cudaGetErrorString(e));
+  }
+  return p;
+}
+
+void CudaBackend::deallocate_host(void* p) noexcept { cudaFreeHost(p); }
+
+void CudaBackend::wait_for_copies() { HONE_CUDA_CHECK(cudaEventSynchronize(copied_)); }
+
 void CudaBackend::synchronize() { HONE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
+  if (src.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(copied_, stream_));
 }
 
 void CudaBackend::read(const Tensor& src, float* host, size_t n) {

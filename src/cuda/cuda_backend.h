@@ -25,6 +25,9 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   void* allocate(size_t bytes) override;
   void deallocate(void* p) noexcept override;
+  void* allocate_host(size_t bytes) override;
+  void deallocate_host(void* p) noexcept override;
+  void wait_for_copies() override;
   void synchronize() override;
 
   void fill(Tensor& x, float value) override;
@@ -94,6 +97,7 @@ class CudaBackend final : public Backend {
   bool tf32_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t copied_ = nullptr;  // recorded after each copy from the host
   cublasLtHandle_t lt_ = nullptr;
   void* gemm_workspace_ = nullptr;
 

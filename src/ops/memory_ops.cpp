@@ -39,6 +39,15 @@ void* CpuBackend::allocate(size_t bytes) {
 
 void CpuBackend::deallocate(void* p) noexcept { std::free(p); }
 
+void* Backend::allocate_host(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  if (!p) fail("out of host memory: could not allocate {:.1f} MiB", double(bytes) / (1 << 20));
+  return p;
+}
+
+void Backend::deallocate_host(void* p) noexcept { std::free(p); }
+
 void CpuBackend::fill(Tensor& x, float value) {
   float* p = x.f32();
   const int64_t n = x.numel();
