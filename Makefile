@@ -5,10 +5,10 @@ JOBS ?= $(shell nproc)
 ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
 CMAKE_FLAGS ?= -DCMAKE_CUDA_ARCHITECTURES=native
 DEMO_ARGS ?= --model_name_or_path bert-large-uncased --dataset synthetic:512x512 --per_device_train_batch_size 4 \
-             --num_train_epochs 1 --output_dir out/demo
+             --num_train_epochs 1 --save_strategy no --output_dir out/demo
 else
 DEMO_ARGS ?= --model_name_or_path bert-tiny --dataset synthetic:512x128 --per_device_train_batch_size 8 \
-             --num_train_epochs 1 --logging_steps 16 --output_dir out/demo
+             --num_train_epochs 1 --logging_steps 16 --save_strategy no --output_dir out/demo
 endif
 
 .PHONY: deps build test demo clean

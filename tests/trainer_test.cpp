@@ -1,6 +1,7 @@
 // The memory plan against the run, the step loop's bookkeeping, and model files.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +47,7 @@ TrainingArguments small_args(int batch) {
   a.per_device_train_batch_size = batch;
   a.dataset = "synthetic:16x16";
   a.learning_rate = 1e-3;
+  a.save_strategy = "no";
   return a;
 }
 
@@ -59,9 +61,9 @@ struct Rows {
     types.resize(ids.size());
     labels.resize(size_t(batch));
     for (int b = 0; b < batch; ++b) {
-      d.example(b, &ids[size_t(b * seq)], &mask[size_t(b * seq)], &types[size_t(b * seq)], &labels[size_t(b)]);
+      d.example(b, &ids[size_t(b * seq)], &types[size_t(b * seq)], &labels[size_t(b)]);
       labels[size_t(b)] = float(b % 2);
-      for (int t = seq - b; t < seq; ++t) mask[size_t(b * seq + t)] = 0;  // some padding
+      for (int t = 0; t < seq; ++t) mask[size_t(b * seq + t)] = t < seq - b ? 1 : 0;  // some padding
     }
   }
 };
@@ -166,6 +168,76 @@ TEST(MemoryPlanOfRun, StepScopedGradientsReuseActivationMemory) {
   EXPECT_THROW(run_s.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 10), Error);
 }
 
+// ---------------------------------------------------------------- inference
+
+TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
+  CpuBackend be;
+  BertConfig c = small_config();
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  const TrainingArguments a = small_args(4);
+  TrainingRun run(a, c, 16, be, GradientMemory::Persistent, RunPhases{true, 6});
+  init_weights(c, run.model().layout(), run.host_weights(), 5);
+  Rows r(4, 16, 7);
+  std::vector<float> trained(8), inferred(8);
+  run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 0, trained.data());
+  Batch b;
+  b.rows = 4;
+  b.seq = 16;
+  b.ids = r.ids.data();
+  b.mask = r.mask.data();
+  b.types = r.types.data();
+  run.infer(b, ForwardOutputs{inferred.data()});
+  EXPECT_EQ(trained, inferred);
+  // A run planned for inference alone holds no gradients or optimizer state.
+  TrainingRun infer_only(a, c, 16, be, GradientMemory::Persistent, RunPhases{false, 6});
+  EXPECT_EQ(infer_only.memory().arena_bytes(Category::OptimizerState), 0u);
+  EXPECT_EQ(infer_only.memory().arena_bytes(Category::Gradients), 0u);
+  EXPECT_THROW(infer_only.micro_step(b, 1.0f, 0), Error);
+}
+
+TEST(Inference, ShorterPaddingGivesTheSameLogits) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingRun run(small_args(4), c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
+  init_weights(c, run.model().layout(), run.host_weights(), 5);
+  // Two rows of 5 and 8 real tokens, padded to 8 and to 16.
+  auto rows = [](int seq) {
+    std::vector<int32_t> ids(size_t(2 * seq), 0), mask(ids.size(), 0), types(ids.size(), 0);
+    for (int b = 0; b < 2; ++b)
+      for (int t = 0; t < (b ? 8 : 5); ++t) {
+        ids[size_t(b * seq + t)] = 100 + 7 * t + b;
+        mask[size_t(b * seq + t)] = 1;
+      }
+    return std::array<std::vector<int32_t>, 3>{ids, mask, types};
+  };
+  std::vector<float> short_logits(4), long_logits(4);
+  for (int seq : {8, 16}) {
+    auto [ids, mask, types] = rows(seq);
+    Batch b;
+    b.rows = 2;
+    b.seq = seq;
+    b.ids = ids.data();
+    b.mask = mask.data();
+    b.types = types.data();
+    run.infer(b, ForwardOutputs{seq == 8 ? short_logits.data() : long_logits.data()});
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(short_logits[size_t(i)], long_logits[size_t(i)], 1e-5) << i;
+}
+
+TEST(Inference, PlannedWithTheRunAndWithinItsMemory) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  const TrainingArguments a = small_args(4);
+  const MemoryPlan with = TrainingRun::plan(a, c, 16, be, GradientMemory::StepScoped, RunPhases{true, 4});
+  const MemoryPlan without = TrainingRun::plan(a, c, 16, be, GradientMemory::StepScoped);
+  // Inference keeps one layer's buffers at a time: it fits in the bytes training frees.
+  EXPECT_EQ(with.category_bytes[size_t(Category::Activations)],
+            without.category_bytes[size_t(Category::Activations)]);
+  TrainingRun run(a, c, 16, be, GradientMemory::StepScoped, RunPhases{true, 4});
+  for (int k = 0; k < kNumCategories; ++k)
+    EXPECT_EQ(run.memory().arena_bytes(Category(k)), with.category_bytes[size_t(k)]);
+}
+
 TEST(TrainerLoop, StepCountsFollowTrainer) {
   TrainingArguments a;
   a.per_device_train_batch_size = 4;
@@ -239,12 +311,12 @@ TEST(TrainerLoop, LearnsAndLogsLikeTrainer) {
   std::vector<nlohmann::ordered_json> logs;
   int64_t steps = 0;
   TrainCallbacks cb;
-  cb.on_step = [&](int64_t done, int64_t total) {
+  cb.on_step = [&](int64_t done, int64_t total, const TrainerState&) {
     EXPECT_EQ(total, 12);
     steps = done;
   };
   cb.on_log = [&](const nlohmann::ordered_json& e) { logs.push_back(e); };
-  TrainMetrics m = train(run, a, *data, cb);
+  TrainMetrics m = train(run, a, TrainData{*data}, ModelFiles{c}, cb);
   EXPECT_EQ(steps, 12);
   EXPECT_EQ(m.global_step, 12);
   ASSERT_EQ(logs.size(), 3u);
@@ -270,7 +342,7 @@ TEST(TrainerLoop, DivergenceIsAnErrorNotANumber) {
   init_weights(c, run.model().layout(), run.host_weights(), 1);
   std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, false);
   try {
-    train(run, a, *data, {});
+    train(run, a, TrainData{*data}, ModelFiles{c}, {});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("diverged"), std::string::npos) << e.what();

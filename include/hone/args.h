@@ -1,6 +1,8 @@
 #pragma once
 // Training arguments with Hugging Face TrainingArguments' names and defaults.
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,8 +11,34 @@ namespace hone {
 struct TrainingArguments {
   // model and data
   std::string model_name_or_path = "bert-tiny";  // a directory with config.json, or a built-in name
-  std::string dataset = "synthetic:512x512";     // synthetic:NxL (N sequences of L tokens)
+  std::string dataset = "synthetic:512x512";     // synthetic:NxL, used when there is no --train_file
   std::string output_dir = "trainer_output";     // transformers 5 default
+  // text data (the names of transformers' run_classification.py)
+  std::string train_file, validation_file, test_file;  // JSONL, CSV or TSV
+  std::string text_column = "sentence";
+  std::string text_pair_column;  // empty: single sentences
+  std::string label_column = "label";
+  int max_seq_length = 128;
+  std::string tokenizer_name;    // default: the model directory
+  bool group_by_length = false;
+  int dataloader_num_workers = 0;
+  bool dataloader_pin_memory = true;
+  // evaluation
+  bool do_eval = false;                // evaluate after training (implied by --eval_strategy)
+  std::string eval_strategy = "no";    // no | steps | epoch
+  int64_t eval_steps = 0;              // 0: logging_steps
+  int per_device_eval_batch_size = 8;
+  std::string metric_for_best_model;   // default "loss" when --load_best_model_at_end
+  std::optional<bool> greater_is_better;  // default: false for a loss, true otherwise
+  bool load_best_model_at_end = false;
+  // checkpoints
+  std::string save_strategy = "steps";  // no | steps | epoch | best
+  int64_t save_steps = 500;
+  int64_t save_total_limit = 0;         // 0: keep all
+  std::string resume_from_checkpoint;   // a checkpoint directory, or "last" for the newest in output_dir
+  // reporting
+  std::string report_to = "none";       // none | tensorboard | all
+  std::string logging_dir;              // default: output_dir/runs/<date>_<host>
   // schedule
   int per_device_train_batch_size = 8;
   int gradient_accumulation_steps = 1;
@@ -49,6 +77,14 @@ TrainingArguments parse_training_arguments(const std::vector<std::string>& argv)
 // Checks values (positive batch size, rates in range, known scheduler/optimizer names,
 // the --dataset spec) and throws hone::Error naming the offending flag.
 void validate(const TrainingArguments& a);
+
+// Every argument by its flag name, as training_args.json holds them.
+nlohmann::ordered_json to_json(const TrainingArguments& a);
+
+// The metric that picks the best checkpoint, with its "eval_" prefix, and whether
+// larger is better.
+std::string best_metric_key(const TrainingArguments& a);
+bool best_metric_greater(const TrainingArguments& a);
 
 // The parts of a --dataset "synthetic:NxL" spec: N sequences of L tokens (N >= 1, L >= 2).
 struct SyntheticSpec {

@@ -61,6 +61,13 @@ struct DropoutState {
   bool training = true;  // false: dropout is off (inference, golden tests)
 };
 
+// Host destinations of an inference pass; each may be null.
+struct ForwardOutputs {
+  float* logits = nullptr;             // [B, num_labels]
+  float* last_hidden_state = nullptr;  // [B, S, hidden]
+  float* pooled = nullptr;             // [B, hidden], the pooler's output
+};
+
 class BertForSequenceClassification {
  public:
   explicit BertForSequenceClassification(const BertConfig& c);
@@ -85,6 +92,9 @@ class BertForSequenceClassification {
   // steps). If logits_out is not null, the logits are copied there (host, B x labels).
   void forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
                         float grad_scale, Tensor& loss, float* logits_out = nullptr);
+  // Inference: the same forward pass without dropout, keeping nothing for a backward
+  // pass (each layer's buffers are released once the next layer has read them).
+  void forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const ForwardOutputs& out);
 
  private:
   struct Linear { const ParamEntry *w, *b; };
@@ -96,6 +106,14 @@ class BertForSequenceClassification {
     Tensor qkv, attn_stats, ctx, ln1_in, ln1_mean, ln1_rstd, ln1_out, ffn_pre, ln2_in, ln2_mean, ln2_rstd, out;
   };
 
+  // What backward reads besides the per-layer Saved buffers.
+  struct SavedHead {
+    Tensor emb_sum, emb_mean, emb_rstd, emb_out, cls_tok, pooled, cls_in, logits;
+  };
+  // The forward pass up to the logits (taken, not released). With keep_for_backward
+  // false, layer buffers are released as soon as nothing later reads them.
+  SavedHead run_forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
+                        bool keep_for_backward, float* hidden_out);
   static Tensor slice(const Tensor& flat, int64_t offset, Shape s);
   Tensor w(const ParamEntry* e) const { return param(weights_, *e); }
   Tensor g(const ParamEntry* e) const {

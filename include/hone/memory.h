@@ -21,9 +21,9 @@ enum class Category : uint8_t { Weights, Gradients, OptimizerState, Activations,
 constexpr int kNumCategories = 5;
 std::string_view category_name(Category c);
 
-// Phases replayed independently: setup runs once; the others repeat each step.
-enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep };
-constexpr int kNumPhases = 3;
+// Phases replayed independently: setup runs once; the others repeat each step or batch.
+enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep, Inference };
+constexpr int kNumPhases = 4;
 
 constexpr size_t kBufferAlignment = 256;
 

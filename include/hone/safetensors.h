@@ -61,4 +61,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
 // Atomic write of a whole file's content (temporary name, fsync, rename).
 void write_file_atomic(const std::string& path, const std::string& content);
 
+// fsync of a directory, which makes renames and new entries in it durable.
+void sync_directory(const std::string& dir);
+
 }  // namespace hone

@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "hone/args.h"
+#include "hone/config.h"
 #include "hone/backend.h"
 #include "hone/bert.h"
 #include "hone/data.h"
@@ -46,31 +48,48 @@ enum class GradientMemory { Persistent, StepScoped };
 // What a run with these arguments uses: StepScoped without gradient accumulation.
 GradientMemory gradient_memory_for(const TrainingArguments& a);
 
+// The phases a run plans besides setup: training steps (with gradients and optimizer
+// state), and inference batches of up to infer_batch rows (0: none), for evaluation and
+// prediction.
+struct RunPhases {
+  bool train = true;
+  int infer_batch = 0;
+};
+
 // Everything a run holds: the model, its planned memory and the optimizer state.
 class TrainingRun {
  public:
   // Plans the run (a dry run of setup, one micro-step and one optimizer step at the
-  // largest batch) and allocates its arenas. Weights are uninitialised until
-  // write_weights().
+  // largest batch and longest sequence, and one inference batch) and allocates its
+  // arenas. Weights are uninitialised until write_weights().
   TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-              GradientMemory grads = GradientMemory::Persistent);
+              GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
 
   // The plan alone, allocating nothing: what `hone estimate` prints.
   static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                         GradientMemory grads = GradientMemory::Persistent);
+                         GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
 
   BertForSequenceClassification& model() { return *model_; }
+  Backend& backend() { return be_; }
   PlannedMemory& memory() { return *mem_; }
   float* host_weights();  // the flat weight buffer itself (CPU backend only)
   // Copies between the flat parameter buffers and host memory of layout().count() floats.
   void write_weights(const float* host);
   void read_weights(float* host);
   void read_grads(float* host);
+  // The AdamW moments (layout().count() floats each), for checkpoints.
+  void read_optimizer_state(float* exp_avg, float* exp_avg_sq);
+  void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq);
+  int max_seq_len() const { return seq_; }
 
   // One micro-batch from host rows (batch x seq); accumulates gradients and the loss.
   // If logits_out is given, receives the logits.
   void micro_step(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels, int batch,
                   float grad_scale, uint64_t dropout_step, float* logits_out = nullptr);
+  // The same for a collated batch, whose sequences may be shorter than planned.
+  void micro_step(const Batch& b, float grad_scale, uint64_t dropout_step);
+  // Inference on a collated batch (dropout off, no gradients).
+  void infer(const Batch& b, const ForwardOutputs& out);
   // Clip, AdamW at this learning rate (update number `step`, 1-based), zero gradients.
   void optimizer_step(double lr, int64_t step);
   // Host reads of the accumulators (a synchronisation on a GPU).
@@ -80,17 +99,24 @@ class TrainingRun {
  private:
   struct PlanOnly {};
   TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, GradientMemory grads,
-              PlanOnly);
+              RunPhases phases, PlanOnly);
   MemoryPlan record_plan();
   void setup(BufferSource& mem);
   void run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
-                      const float* labels, int batch, float grad_scale, uint64_t dropout_step, float* logits_out);
+                      const float* labels, int batch, int seq, float grad_scale, uint64_t dropout_step,
+                      float* logits_out);
+  void run_infer(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types, int batch, int seq,
+                 const ForwardOutputs& out);
+  // The batch's ids, mask and token types in activation memory (labels too when given).
+  BatchTensors upload(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
+                      const float* labels, bool with_labels, int batch, int seq);
   void run_optimizer_step(BufferSource& mem, double lr, int64_t step);
-  void validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
-                      int batch) const;
+  void validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels, int batch,
+                      int seq) const;
 
   TrainingArguments args_;
   int seq_;
+  RunPhases phases_;
   bool scoped_grads_;
   bool step_open_ = false;  // StepScoped: a micro-step awaits its optimizer step
   Backend& be_;
@@ -104,12 +130,58 @@ class TrainingRun {
   std::vector<AdamWSlice> adamw_list_;
 };
 
-struct TrainCallbacks {
-  std::function<void(int64_t step, int64_t total)> on_step;            // after each update
-  std::function<void(const nlohmann::ordered_json& entry)> on_log;     // each logged entry
+// ---------------------------------------------------------------- the loop
+
+class WordPieceTokenizer;
+
+// Trainer's state, as trainer_state.json holds it, plus what an exact resumption needs.
+struct TrainerState {
+  int64_t global_step = 0;
+  double epoch = 0;
+  nlohmann::ordered_json log_history = nlohmann::ordered_json::array();
+  std::optional<double> best_metric;
+  std::string best_model_checkpoint;
+  double total_flos = 0;
+  // Resumption: the micro-step counter (it keys the dropout streams), the loss summed
+  // since the last log and over the run, the step of the last log, tokens seen.
+  int64_t micro_steps = 0, last_logged_step = 0, tokens = 0;
+  double loss_since_log = 0, total_loss = 0;
+  nlohmann::ordered_json to_json(const TrainingArguments& a, const StepCounts& sc) const;
+  static TrainerState from_json(const nlohmann::json& j, const std::string& source);
 };
 
-// Runs the whole training loop on `run` over `data`.
-TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const Dataset& data, const TrainCallbacks& cb);
+// What a saved model directory holds besides the weights: config.json (with the label
+// names) and, for text models, the tokenizer files.
+struct ModelFiles {
+  BertConfig config;
+  const WordPieceTokenizer* tokenizer = nullptr;
+};
+
+struct TrainCallbacks {
+  std::function<void(int64_t step, int64_t total, const TrainerState& st)> on_step;  // after each update
+  std::function<void(const nlohmann::ordered_json& entry)> on_log;  // each logged entry and evaluation
+  std::function<void(const std::string& message)> on_notice;        // checkpoints saved, loaded, removed
+  // Asked after each update (and its log, evaluation and checkpoint); true stops the run
+  // there, as an interruption would.
+  std::function<bool(int64_t step)> should_stop;
+};
+
+struct TrainData {
+  const Dataset& train;
+  const Dataset* eval = nullptr;  // for --eval_strategy, --load_best_model_at_end
+};
+
+// Runs the training loop on `run`: resumes from --resume_from_checkpoint, evaluates and
+// saves checkpoints (into output_dir/checkpoint-N) as the arguments say, and loads the
+// best checkpoint's weights at the end when asked. `state` receives the final state.
+TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData& data, const ModelFiles& files,
+                   const TrainCallbacks& cb, TrainerState* state = nullptr);
+
+// One pass over `data` without dropout. Returns Trainer's metric keys with `prefix`:
+// loss, then accuracy, f1 (macro) and matthews_correlation, or mse, pearson and
+// spearman for a regression; runtime, samples_per_second, steps_per_second. If `logits`
+// is given, it receives every example's logits (size x num_labels).
+nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const TrainingArguments& a,
+                                const std::string& prefix = "eval", std::vector<float>* logits = nullptr);
 
 }  // namespace hone

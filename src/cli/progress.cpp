@@ -18,7 +18,7 @@ std::string clock_time(double s) {
 ProgressBar::ProgressBar(bool enabled)
     : enabled_(enabled), tty_(isatty(fileno(stderr))), start_(std::chrono::steady_clock::now()) {}
 
-void ProgressBar::update(int64_t done, int64_t total) {
+void ProgressBar::update(int64_t done, int64_t total, int64_t samples, const std::string& postfix) {
   if (!enabled_ || total <= 0) return;
   const int64_t decile = done * 10 / total;
   if (!tty_ && decile == last_decile_ && done != total) return;
@@ -31,13 +31,18 @@ void ProgressBar::update(int64_t done, int64_t total) {
   const int full = int(frac * kWidth);
   std::string bar(size_t(full), '#');
   bar.resize(kWidth, ' ');
-  std::string line = fmt::format("{:3.0f}%|{}| {}/{} [{}<{}, {}]", 100 * frac, bar, done, total, clock_time(elapsed),
-                                 clock_time(left),
+  std::string line = fmt::format("{:3.0f}%|{}| {}/{} [{}<{}, {}, {:.1f} samples/s{}{}]", 100 * frac, bar, done, total,
+                                 clock_time(elapsed), clock_time(left),
                                  rate >= 1 || rate == 0 ? fmt::format("{:.2f}it/s", rate)
-                                                        : fmt::format("{:.2f}s/it", 1 / rate));
+                                                        : fmt::format("{:.2f}s/it", 1 / rate),
+                                 rate * double(samples), postfix.empty() ? "" : ", ", postfix);
   std::fprintf(stderr, tty_ ? "\r%s" : "%s\n", line.c_str());
   std::fflush(stderr);
   drawn_ = true;
+}
+
+void ProgressBar::clear() {
+  if (enabled_ && tty_ && drawn_) std::fputs("\r\033[K", stderr);
 }
 
 void ProgressBar::finish() {

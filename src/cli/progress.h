@@ -4,13 +4,16 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 
 namespace hone::cli {
 
 class ProgressBar {
  public:
   explicit ProgressBar(bool enabled);
-  void update(int64_t done, int64_t total);
+  // `samples` per step give the throughput; `postfix` (e.g. "loss=0.6931") ends the line.
+  void update(int64_t done, int64_t total, int64_t samples, const std::string& postfix);
+  void clear();  // erases the bar before other output on a terminal
   void finish();
 
  private:

@@ -4,6 +4,12 @@
 
 namespace hone::cli {
 
+std::string describe(const BertConfig& c, int64_t params) {
+  return fmt::format("{} layers, hidden {}, {} heads, intermediate {}, {} labels ({}); {} parameters",
+                     c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size, c.num_labels,
+                     c.resolved_problem_type(), with_commas(uint64_t(params)));
+}
+
 std::string python_dict(const nlohmann::ordered_json& j) {
   std::string s = "{";
   for (auto it = j.begin(); it != j.end(); ++it) {

@@ -23,6 +23,7 @@ std::string_view phase_name(Phase p) {
     case Phase::Setup: return "setup";
     case Phase::MicroStep: return "micro-step";
     case Phase::OptimizerStep: return "optimizer step";
+    case Phase::Inference: return "inference";
   }
   return "?";
 }

@@ -17,14 +17,14 @@ uint32_t below(uint32_t word, uint64_t bound) { return uint32_t((uint64_t(word) 
 SyntheticDataset::SyntheticDataset(int64_t n, int len, uint64_t seed, bool float_labels)
     : n_(n), len_(len), seed_(seed), float_labels_(float_labels) {}
 
-void SyntheticDataset::example(int64_t i, int32_t* ids, int32_t* mask, int32_t* types, float* label) const {
+int SyntheticDataset::example(int64_t i, int32_t* ids, int32_t* types, float* label) const {
   for (int t = 0; t < len_; ++t) {
     uint32_t w = philox_word(seed_, kDataStream, uint64_t(i) * uint64_t(len_) + uint64_t(t));
     ids[t] = kMinId + int32_t(below(w, kEndId - kMinId));
-    mask[t] = 1;
     types[t] = 0;
   }
   *label = 0.0f;
+  return len_;
 }
 
 std::string SyntheticDataset::description() const {

@@ -145,6 +145,20 @@ void parse_file(const std::string& path, const std::byte* base, uint64_t size,
   for (auto& [span, e] : found) entries.push_back(std::move(e));
 }
 
+}  // namespace
+
+void sync_directory(const std::string& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) fail("cannot open directory {}: {}", dir, errno_text());
+  int rc = ::fsync(dfd);
+  int err = errno;
+  ::close(dfd);
+  if (rc != 0 && err != EINVAL)  // some file systems cannot fsync a directory
+    fail("fsync of directory {}: {}", dir, std::strerror(err));
+}
+
+namespace {
+
 // Writes through a temporary file next to the target and renames it into place, so
 // readers see the old content or the new one, never a partial file, even after a crash.
 class AtomicWriter {
@@ -188,13 +202,7 @@ class AtomicWriter {
       fail("cannot write {}: rename from {}: {}", path_, tmp_, errno_text());
     committed_ = true;
     // The rename is durable only once the directory entry is on disk.
-    int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) fail("cannot write {}: cannot open directory {}: {}", path_, dir_, errno_text());
-    int rc = ::fsync(dfd);
-    int err = errno;
-    ::close(dfd);
-    if (rc != 0 && err != EINVAL)  // some file systems cannot fsync a directory
-      fail("cannot write {}: fsync of directory {}: {}", path_, dir_, std::strerror(err));
+    sync_directory(dir_);
   }
 
  private:

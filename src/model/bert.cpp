@@ -138,46 +138,43 @@ DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float 
   return {d.training ? p : 0.0f, d.seed, (d.step << 12) | uint64_t(site)};
 }
 
-void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
-                                                     const DropoutState& drop, float grad_scale, Tensor& loss,
-                                                     float* logits_out) {
+BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(
+    Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop, bool keep_for_backward,
+    float* hidden_out) {
   const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
   const int64_t T = int64_t(B) * S, H = cfg_.hidden_size, I = cfg_.intermediate_size, C = cfg_.num_labels;
   const float eps = cfg_.layer_norm_eps;
   const Activation act = cfg_.activation();
   const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
-  const int64_t attn_ws_elems = be.attention_workspace_elems(ad);
   auto saved = [&](const char* name, int layer, Shape s) {
     return mem.take(Category::Activations, name, layer, DType::F32, s);
   };
   auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, DType::F32, s); };
-  // Dropout call sites: 0 embeddings, 1 + 3l + {0 probs, 1 attention output, 2 FFN output}, 3L + 1 classifier.
   auto layer_drop = [&](int l, int k) {
     return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
   };
-  const DropoutSpec emb_drop = dropout(drop, cfg_.hidden_dropout_prob, 0);
-  const DropoutSpec cls_drop = dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1);
-
-  // ---------------- forward
-  Tensor emb_sum = saved("embeddings_sum", -1, {T, H});
-  Tensor emb_mean = saved("embeddings_ln_mean", -1, {T});
-  Tensor emb_rstd = saved("embeddings_ln_rstd", -1, {T});
-  Tensor emb_out = saved("embeddings_out", -1, {T, H});
-  ops::embedding_forward(be, batch.input_ids, batch.token_type_ids, w(word_), w(pos_), w(type_), S, emb_sum);
-  ops::layernorm_forward(be, emb_sum, w(emb_ln_.g), w(emb_ln_.b), eps, emb_out, emb_mean, emb_rstd);
-  ops::dropout(be, emb_out, emb_drop, emb_out);
+  SavedHead h;
+  h.emb_sum = saved("embeddings_sum", -1, {T, H});
+  h.emb_mean = saved("embeddings_ln_mean", -1, {T});
+  h.emb_rstd = saved("embeddings_ln_rstd", -1, {T});
+  h.emb_out = saved("embeddings_out", -1, {T, H});
+  ops::embedding_forward(be, batch.input_ids, batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
+  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), eps, h.emb_out, h.emb_mean, h.emb_rstd);
+  ops::dropout(be, h.emb_out, dropout(drop, cfg_.hidden_dropout_prob, 0), h.emb_out);
+  if (!keep_for_backward)
+    for (const Tensor& t : {h.emb_sum, h.emb_mean, h.emb_rstd}) mem.release(t);
 
   for (int l = 0; l < L; ++l) {
     const Layer& P = layers_[l];
     Saved& s = saved_[l];
-    const Tensor& x = l == 0 ? emb_out : saved_[l - 1].out;
+    const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
     const Tensor qkv_b = slice(weights_, P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
                  down_b = w(P.ffn_down.b);
     s.qkv = saved("qkv", l, {T, 3 * H});
     ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
     s.attn_stats = saved("attention_row_stats", l, {B, ad.heads, S, 2});  // not the [S, S] probabilities
     s.ctx = saved("attention_context", l, {T, H});
-    Tensor ws = scratch("attention_workspace", {attn_ws_elems});
+    Tensor ws = scratch("attention_workspace", {be.attention_workspace_elems(ad)});
     ops::attention_forward(be, s.qkv, batch.attention_mask, ad, layer_drop(l, 0), s.attn_stats, s.ctx, ws);
     mem.release(ws);
     s.ln1_in = saved("attention_residual", l, {T, H});
@@ -199,20 +196,60 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     s.ln2_rstd = saved("ffn_ln_rstd", l, {T});
     s.out = saved("layer_out", l, {T, H});
     ops::layernorm_forward(be, s.ln2_in, w(P.ln2.g), w(P.ln2.b), eps, s.out, s.ln2_mean, s.ln2_rstd);
+    if (!keep_for_backward)
+      for (const Tensor& t : std::initializer_list<Tensor>{x, s.qkv, s.attn_stats, s.ctx, s.ln1_in, s.ln1_mean,
+                                                           s.ln1_rstd, s.ln1_out, s.ffn_pre, s.ln2_in, s.ln2_mean,
+                                                           s.ln2_rstd})
+        mem.release(t);
   }
 
-  const Tensor& last = L > 0 ? saved_[L - 1].out : emb_out;
-  Tensor cls_tok = saved("cls_token", -1, {B, H});
-  ops::gather_first_tokens(be, last, S, cls_tok);
-  if (L > 0) mem.release(saved_[L - 1].out);  // nothing in backward reads the last layer's output
-  Tensor pooled = saved("pooled", -1, {B, H});
+  const Tensor& last = L > 0 ? saved_[L - 1].out : h.emb_out;
+  if (hidden_out && !be.dry_run) be.read(last, hidden_out, size_t(T * H));
+  h.cls_tok = saved("cls_token", -1, {B, H});
+  ops::gather_first_tokens(be, last, S, h.cls_tok);
+  // Nothing in backward reads the last layer's output (in training the embeddings' output
+  // stays for the first layer's backward).
+  if (L > 0 || !keep_for_backward) mem.release(last);
+  h.pooled = saved("pooled", -1, {B, H});
   const Tensor pool_b = w(pooler_.b), cls_b = w(classifier_.b);
-  ops::linear_forward(be, cls_tok, w(pooler_.w), &pool_b, pooled);
-  ops::tanh_forward(be, pooled, pooled);
-  Tensor cls_in = saved("classifier_in", -1, {B, H});
-  ops::dropout(be, pooled, cls_drop, cls_in);
-  Tensor logits = scratch("logits", {B, C});
-  ops::linear_forward(be, cls_in, w(classifier_.w), &cls_b, logits);
+  ops::linear_forward(be, h.cls_tok, w(pooler_.w), &pool_b, h.pooled);
+  ops::tanh_forward(be, h.pooled, h.pooled);
+  h.cls_in = saved("classifier_in", -1, {B, H});
+  ops::dropout(be, h.pooled, dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1), h.cls_in);
+  h.logits = scratch("logits", {B, C});
+  ops::linear_forward(be, h.cls_in, w(classifier_.w), &cls_b, h.logits);
+  return h;
+}
+
+void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, const BatchTensors& batch,
+                                            const ForwardOutputs& out) {
+  SavedHead h = run_forward(be, mem, batch, DropoutState{0, 0, false}, false, out.last_hidden_state);
+  if (!be.dry_run) {
+    if (out.pooled) be.read(h.pooled, out.pooled, size_t(h.pooled.numel()));
+    if (out.logits) be.read(h.logits, out.logits, size_t(h.logits.numel()));
+  }
+  for (const Tensor& t : {h.cls_tok, h.pooled, h.cls_in, h.logits}) mem.release(t);
+}
+
+void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
+                                                     const DropoutState& drop, float grad_scale, Tensor& loss,
+                                                     float* logits_out) {
+  const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
+  const int64_t T = int64_t(B) * S, H = cfg_.hidden_size, I = cfg_.intermediate_size, C = cfg_.num_labels;
+  const Activation act = cfg_.activation();
+  const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
+  const int64_t attn_ws_elems = be.attention_workspace_elems(ad);
+  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, DType::F32, s); };
+  // Dropout call sites: 0 embeddings, 1 + 3l + {0 probs, 1 attention output, 2 FFN output}, 3L + 1 classifier.
+  auto layer_drop = [&](int l, int k) {
+    return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
+  };
+  const DropoutSpec emb_drop = dropout(drop, cfg_.hidden_dropout_prob, 0);
+  const DropoutSpec cls_drop = dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1);
+
+  SavedHead h = run_forward(be, mem, batch, drop, true, nullptr);
+  Tensor &emb_sum = h.emb_sum, &emb_mean = h.emb_mean, &emb_rstd = h.emb_rstd, &emb_out = h.emb_out,
+         &cls_tok = h.cls_tok, &pooled = h.pooled, &cls_in = h.cls_in, &logits = h.logits;
   if (logits_out && !be.dry_run) be.read(logits, logits_out, size_t(B * C));
   Tensor dlogits = scratch("logits_grad", {B, C});
   if (regression_)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cctype>
 #include <cmath>
 #include <string_view>
 #include <utility>
@@ -24,7 +25,7 @@ CLI::Option* add(CLI::App& app, const std::string& name, T& field, const std::st
 
 void add_bool(CLI::App& app, const std::string& name, bool& field, const std::string& help) {
   // HF booleans take an optional value: --flag, --flag=false and --flag False all work.
-  app.add_flag("--" + name, field, help)->expected(0, 1);
+  app.add_flag("--" + name, field, help)->expected(0, 1)->capture_default_str();
 }
 
 template <typename T>
@@ -41,14 +42,55 @@ constexpr std::array<std::string_view, 4> kSchedulers = {"linear", "constant",
                                                          "constant_with_warmup", "cosine"};
 constexpr std::array<std::string_view, 2> kOptimizers = {"adamw_torch", "adamw_torch_fused"};
 constexpr std::array<std::string_view, 3> kDevices = {"auto", "cpu", "cuda"};
+constexpr std::array<std::string_view, 3> kEvalStrategies = {"no", "steps", "epoch"};
+constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps", "epoch", "best"};
+constexpr std::array<std::string_view, 3> kReporters = {"none", "tensorboard", "all"};
+constexpr std::array<std::string_view, 7> kMetrics = {"loss", "accuracy", "f1", "matthews_correlation",
+                                                      "mse", "pearson", "spearman"};
 
 }  // namespace
 
 void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add(app, "model_name_or_path", a.model_name_or_path,
       "Model directory with config.json, or a built-in name");
-  add(app, "dataset", a.dataset, "synthetic:NxL (N sequences of L tokens)");
+  add(app, "dataset", a.dataset, "synthetic:NxL (N sequences of L tokens), used without --train_file");
   add(app, "output_dir", a.output_dir, "Where checkpoints and logs are written");
+  add(app, "train_file", a.train_file, "Training examples: JSONL, CSV or TSV");
+  add(app, "validation_file", a.validation_file, "Evaluation examples: JSONL, CSV or TSV");
+  add(app, "test_file", a.test_file, "Examples to predict (hone predict): JSONL, CSV or TSV");
+  add(app, "text_column", a.text_column, "Column of the text");
+  add(app, "text_pair_column", a.text_pair_column, "Column of the second text of a pair (none: single texts)");
+  add(app, "label_column", a.label_column, "Column of the label (class name, class id or number)");
+  add(app, "max_seq_length", a.max_seq_length, "Longest tokenized input; longer ones are truncated");
+  add(app, "tokenizer_name", a.tokenizer_name, "Tokenizer directory (default: the model directory)");
+  add_bool(app, "group_by_length", a.group_by_length, "Batch examples of similar length together");
+  add(app, "dataloader_num_workers", a.dataloader_num_workers,
+      "Threads preparing batches ahead of the step (0: in the training thread)");
+  add_bool(app, "dataloader_pin_memory", a.dataloader_pin_memory, "Page-locked staging memory on a GPU");
+  add_bool(app, "do_eval", a.do_eval, "Evaluate on --validation_file after training");
+  add(app, "eval_strategy", a.eval_strategy, "When to evaluate during training: no, steps or epoch");
+  add(app, "eval_steps", a.eval_steps, "Evaluate every N steps with --eval_strategy steps (0: logging_steps)");
+  add(app, "per_device_eval_batch_size", a.per_device_eval_batch_size, "Batch size for evaluation and prediction");
+  add(app, "metric_for_best_model", a.metric_for_best_model,
+      "loss, accuracy, f1 or matthews_correlation (mse, pearson, spearman for regression)");
+  app.add_option_function<std::string>(
+      "--greater_is_better",
+      [&a](const std::string& v) {
+        std::string l = v;
+        for (char& ch : l) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+        if (l == "true" || l == "1" || l == "yes") a.greater_is_better = true;
+        else if (l == "false" || l == "0" || l == "no") a.greater_is_better = false;
+        else throw CLI::ValidationError("--greater_is_better", "expected true or false, got " + v);
+      },
+      "Whether a larger best-model metric is better (default: false for loss and mse)");
+  add_bool(app, "load_best_model_at_end", a.load_best_model_at_end, "Finish with the best checkpoint's weights");
+  add(app, "save_strategy", a.save_strategy, "When to save checkpoints: no, steps, epoch or best");
+  add(app, "save_steps", a.save_steps, "Save every N steps with --save_strategy steps");
+  add(app, "save_total_limit", a.save_total_limit, "Keep at most N checkpoints (the best is kept); 0: all");
+  add(app, "resume_from_checkpoint", a.resume_from_checkpoint,
+      "Continue from a checkpoint directory, or 'last' for the newest in --output_dir");
+  add(app, "report_to", a.report_to, "none, tensorboard or all (a JSONL log is always written)");
+  add(app, "logging_dir", a.logging_dir, "TensorBoard directory (default: output_dir/runs/DATE_HOST)");
   add(app, "per_device_train_batch_size", a.per_device_train_batch_size, "Batch size per device");
   add(app, "gradient_accumulation_steps", a.gradient_accumulation_steps,
       "Micro-batches accumulated per optimizer step");
@@ -75,6 +117,25 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add_bool(app, "tf32", a.tf32, "TF32 tensor cores for fp32 matrix products (CUDA)");
   add(app, "device", a.device, "auto, cpu or cuda");
   add(app, "threads", a.threads, "CPU threads; 0 = all cores");
+}
+
+nlohmann::ordered_json to_json(const TrainingArguments& a) {
+  // Options bound to a copy capture its values as their defaults: one source of names.
+  TrainingArguments copy = a;
+  CLI::App app;
+  add_training_arguments(app, copy);
+  nlohmann::ordered_json j;
+  for (const CLI::Option* o : app.get_options()) {
+    if (o->get_lnames().empty()) continue;
+    const std::string& name = o->get_lnames().front();
+    const std::string v = o->get_default_str();
+    // Numbers and booleans as JSON values, the rest as strings.
+    nlohmann::json parsed = nlohmann::json::parse(v, nullptr, false);
+    j[name] = !v.empty() && !parsed.is_discarded() && (parsed.is_number() || parsed.is_boolean()) ? parsed
+                                                                                                   : nlohmann::json(v);
+  }
+  if (a.greater_is_better) j["greater_is_better"] = *a.greater_is_better;
+  return j;
 }
 
 TrainingArguments parse_training_arguments(const std::vector<std::string>& argv) {
@@ -120,6 +181,35 @@ void validate(const TrainingArguments& a) {
   require(a.warmup_steps >= 0, "warmup_steps", ">= 0", a.warmup_steps);
   require(a.logging_steps >= 1, "logging_steps", ">= 1", a.logging_steps);
   require(a.threads >= 0, "threads", ">= 0 (0 = all cores)", a.threads);
+  require(a.max_seq_length >= 2, "max_seq_length", ">= 2", a.max_seq_length);
+  require(a.dataloader_num_workers >= 0, "dataloader_num_workers", ">= 0", a.dataloader_num_workers);
+  require(a.per_device_eval_batch_size >= 1, "per_device_eval_batch_size", ">= 1", a.per_device_eval_batch_size);
+  require(a.eval_steps >= 0, "eval_steps", ">= 0 (0: --logging_steps)", a.eval_steps);
+  require(a.save_steps >= 1, "save_steps", ">= 1", a.save_steps);
+  require(a.save_total_limit >= 0, "save_total_limit", ">= 0 (0: keep all)", a.save_total_limit);
+  if (!one_of(a.eval_strategy, kEvalStrategies))
+    fail("--eval_strategy: expected one of {}, got '{}'", fmt::join(kEvalStrategies, ", "), a.eval_strategy);
+  if (!one_of(a.save_strategy, kSaveStrategies))
+    fail("--save_strategy: expected one of {}, got '{}'", fmt::join(kSaveStrategies, ", "), a.save_strategy);
+  if (!one_of(a.report_to, kReporters))
+    fail("--report_to: hone supports {}, got '{}'", fmt::join(kReporters, ", "), a.report_to);
+  const std::string metric = best_metric_key(a).substr(5);
+  if (!one_of(metric, kMetrics))
+    fail("--metric_for_best_model: expected one of {}, got '{}'", fmt::join(kMetrics, ", "), a.metric_for_best_model);
+  const bool evaluates = a.eval_strategy != "no";
+  if ((evaluates || a.do_eval || a.save_strategy == "best" || a.load_best_model_at_end) && a.validation_file.empty())
+    fail("evaluation (--do_eval, --eval_strategy {}, --save_strategy {}, --load_best_model_at_end) needs a "
+         "--validation_file", a.eval_strategy, a.save_strategy);
+  if (a.load_best_model_at_end) {
+    // As in Trainer: the best model must be among the saved checkpoints.
+    if (!evaluates) fail("--load_best_model_at_end needs --eval_strategy steps or epoch");
+    if (a.save_strategy != "best" && a.save_strategy != a.eval_strategy)
+      fail("--load_best_model_at_end needs --save_strategy equal to --eval_strategy ({}), got {}", a.eval_strategy,
+           a.save_strategy);
+    if (a.save_strategy == "steps" && a.save_steps % (a.eval_steps > 0 ? a.eval_steps : a.logging_steps) != 0)
+      fail("--load_best_model_at_end needs --save_steps to be a multiple of the evaluation steps");
+  }
+  if (a.save_strategy == "best" && !evaluates) fail("--save_strategy best needs --eval_strategy steps or epoch");
 
   // Other HF scheduler and optimizer names are valid there, so say they are missing here.
   if (!one_of(a.lr_scheduler_type, kSchedulers))
@@ -130,7 +220,18 @@ void validate(const TrainingArguments& a) {
          fmt::join(kOptimizers, ", "));
   if (!one_of(a.device, kDevices))
     fail("--device: expected one of {}, got '{}'", fmt::join(kDevices, ", "), a.device);
-  parse_synthetic_dataset(a.dataset);
+  if (a.train_file.empty()) parse_synthetic_dataset(a.dataset);
+}
+
+std::string best_metric_key(const TrainingArguments& a) {
+  std::string m = a.metric_for_best_model.empty() ? "loss" : a.metric_for_best_model;
+  return m.starts_with("eval_") ? m : "eval_" + m;
+}
+
+bool best_metric_greater(const TrainingArguments& a) {
+  if (a.greater_is_better) return *a.greater_is_better;
+  const std::string m = best_metric_key(a);
+  return m != "eval_loss" && m != "eval_mse";
 }
 
 SyntheticSpec parse_synthetic_dataset(const std::string& spec) {

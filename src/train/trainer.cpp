@@ -1,6 +1,5 @@
 #include "hone/trainer.h"
 
-#include <chrono>
 #include <cmath>
 
 #include "hone/ops.h"
@@ -43,9 +42,10 @@ GradientMemory gradient_memory_for(const TrainingArguments& a) {
 }
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                         GradientMemory grads, PlanOnly)
+                         GradientMemory grads, RunPhases phases, PlanOnly)
     : args_(a),
       seq_(seq_len),
+      phases_(phases),
       scoped_grads_(grads == GradientMemory::StepScoped),
       be_(be),
       model_(std::make_unique<BertForSequenceClassification>(c)) {
@@ -58,20 +58,22 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
 }
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                         GradientMemory grads)
-    : TrainingRun(a, c, seq_len, be, grads, PlanOnly{}) {
+                         GradientMemory grads, RunPhases phases)
+    : TrainingRun(a, c, seq_len, be, grads, phases, PlanOnly{}) {
   mem_ = std::make_unique<PlannedMemory>(record_plan(), be);
   mem_->begin_phase(Phase::Setup);
   setup(*mem_);
   mem_->end_phase();
-  for (Tensor* t : {&adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
-  if (!scoped_grads_)
-    for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+  if (phases_.train) {
+    for (Tensor* t : {&adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
+    if (!scoped_grads_)
+      for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+  }
 }
 
 MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                             GradientMemory grads) {
-  return TrainingRun(a, c, seq_len, be, grads, PlanOnly{}).record_plan();
+                             GradientMemory grads, RunPhases phases) {
+  return TrainingRun(a, c, seq_len, be, grads, phases, PlanOnly{}).record_plan();
 }
 
 // Dry-runs setup, one micro-step at the largest batch and one optimizer step against a
@@ -83,9 +85,13 @@ MemoryPlan TrainingRun::record_plan() {
     planner.begin_phase(Phase::Setup);
     setup(planner);
     planner.end_phase();
-    run_micro_step(planner, nullptr, nullptr, nullptr, nullptr, args_.per_device_train_batch_size, 1.0f, 0, nullptr);
-    run_optimizer_step(planner, 0.0, 1);
-    if (scoped_grads_) planner.share_arena(Category::Gradients, Category::Activations);
+    if (phases_.train) {
+      run_micro_step(planner, nullptr, nullptr, nullptr, nullptr, args_.per_device_train_batch_size, seq_, 1.0f, 0,
+                     nullptr);
+      run_optimizer_step(planner, 0.0, 1);
+      if (scoped_grads_) planner.share_arena(Category::Gradients, Category::Activations);
+    }
+    if (phases_.infer_batch > 0) run_infer(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {});
   } catch (...) {
     be_.dry_run = false;
     throw;
@@ -95,7 +101,9 @@ MemoryPlan TrainingRun::record_plan() {
 }
 
 void TrainingRun::setup(BufferSource& mem) {
-  model_->bind_parameters(mem, scoped_grads_);
+  // Without training, no gradient buffer is ever taken (as with step-scoped ones).
+  model_->bind_parameters(mem, scoped_grads_ || !phases_.train);
+  if (!phases_.train) return;
   const int64_t n = model_->layout().count();
   adam_m_ = mem.take(Category::OptimizerState, "adam_exp_avg", -1, DType::F32, {n});
   adam_v_ = mem.take(Category::OptimizerState, "adam_exp_avg_sq", -1, DType::F32, {n});
@@ -115,11 +123,11 @@ Tensor host_tensor(const void* p, DType t, Shape s) { return Tensor{const_cast<v
 
 // Checked on the host, before any backend sees the batch: kernels then trust their indices.
 void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
-                                 int batch) const {
+                                 int batch, int seq) const {
   const BertConfig& c = model_->config();
   for (int b = 0; b < batch; ++b) {
-    for (int t = 0; t < seq_; ++t) {
-      const size_t i = size_t(b) * seq_ + t;
+    for (int t = 0; t < seq; ++t) {
+      const size_t i = size_t(b) * seq + t;
       if (ids[i] < 0 || ids[i] >= c.vocab_size)
         fail("batch row {}, position {}: token id {} is out of range for the model's vocab_size {}", b, t, ids[i],
              c.vocab_size);
@@ -129,6 +137,7 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
       if (mask[i] != 0 && mask[i] != 1)
         fail("batch row {}, position {}: attention mask value {} is not 0 or 1", b, t, mask[i]);
     }
+    if (!labels) continue;
     if (model_->regression()) {
       if (!std::isfinite(labels[b])) fail("batch row {}: regression target {} is not finite", b, labels[b]);
     } else if (labels[b] != -100.0f && !(labels[b] >= 0 && labels[b] < float(c.num_labels) &&
@@ -149,6 +158,21 @@ void TrainingRun::read_weights(float* host) {
   be_.synchronize();
 }
 
+void TrainingRun::read_optimizer_state(float* exp_avg, float* exp_avg_sq) {
+  HONE_CHECK(phases_.train, "a run planned for inference has no optimizer state");
+  Tensor m = host_tensor(exp_avg, DType::F32, adam_m_.shape), v = host_tensor(exp_avg_sq, DType::F32, adam_v_.shape);
+  ops::copy(be_, adam_m_, m);
+  ops::copy(be_, adam_v_, v);
+  be_.synchronize();
+}
+
+void TrainingRun::write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) {
+  HONE_CHECK(phases_.train, "a run planned for inference has no optimizer state");
+  ops::copy(be_, host_tensor(exp_avg, DType::F32, adam_m_.shape), adam_m_);
+  ops::copy(be_, host_tensor(exp_avg_sq, DType::F32, adam_v_.shape), adam_v_);
+  be_.synchronize();
+}
+
 void TrainingRun::read_grads(float* host) {
   HONE_CHECK(!scoped_grads_ || step_open_, "step-scoped gradients exist only between micro_step and optimizer_step");
   for (int k = 0; k < model_->num_groups(); ++k) {
@@ -161,33 +185,51 @@ void TrainingRun::read_grads(float* host) {
 
 void TrainingRun::micro_step(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
                              int batch, float grad_scale, uint64_t dropout_step, float* logits_out) {
-  run_micro_step(*mem_, ids, mask, types, labels, batch, grad_scale, dropout_step, logits_out);
+  run_micro_step(*mem_, ids, mask, types, labels, batch, seq_, grad_scale, dropout_step, logits_out);
 }
 
-void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
-                                 const float* labels, int batch, float grad_scale, uint64_t dropout_step,
-                                 float* logits_out) {
-  HONE_CHECK(batch >= 1 && batch <= args_.per_device_train_batch_size, "batch of {} rows", batch);
+void TrainingRun::micro_step(const Batch& b, float grad_scale, uint64_t dropout_step) {
+  run_micro_step(*mem_, b.ids, b.mask, b.types, b.labels, b.rows, b.seq, grad_scale, dropout_step, nullptr);
+}
+
+void TrainingRun::infer(const Batch& b, const ForwardOutputs& out) {
+  run_infer(*mem_, b.ids, b.mask, b.types, b.rows, b.seq, out);
+}
+
+BatchTensors TrainingRun::upload(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
+                                 const float* labels, bool with_labels, int batch, int seq) {
   const bool regression = model_->regression();
-  const int64_t T = int64_t(batch) * seq_;
-  // Step-scoped gradients live until the optimizer step: both run in one phase.
-  HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
-  mem.begin_phase(Phase::MicroStep);
-  BatchTensors b{batch, seq_, mem.take(Category::Activations, "input_ids", -1, DType::I32, {T}),
-                 mem.take(Category::Activations, "attention_mask", -1, DType::I32, {batch, seq_}),
-                 mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T}),
-                 mem.take(Category::Activations, "labels", -1, regression ? DType::F32 : DType::I32, {batch})};
-  if (!be_.dry_run) {
-    validate_batch(ids, mask, types, labels, batch);
-    auto host = host_tensor;
+  const int64_t T = int64_t(batch) * seq;
+  BatchTensors b{batch, seq, mem.take(Category::Activations, "input_ids", -1, DType::I32, {T}),
+                 mem.take(Category::Activations, "attention_mask", -1, DType::I32, {batch, seq}),
+                 mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T}), Tensor{}};
+  if (with_labels)
+    b.labels = mem.take(Category::Activations, "labels", -1, regression ? DType::F32 : DType::I32, {batch});
+  if (be_.dry_run) return b;
+  validate_batch(ids, mask, types, labels, batch, seq);
+  auto host = host_tensor;
+  ops::copy(be_, host(ids, DType::I32, {T}), b.input_ids);
+  ops::copy(be_, host(mask, DType::I32, {batch, seq}), b.attention_mask);
+  ops::copy(be_, host(types, DType::I32, {T}), b.token_type_ids);
+  if (with_labels) {
     if (!regression)
       for (int i = 0; i < batch; ++i) int_labels_[size_t(i)] = int32_t(labels[i]);
-    ops::copy(be_, host(ids, DType::I32, {T}), b.input_ids);
-    ops::copy(be_, host(mask, DType::I32, {batch, seq_}), b.attention_mask);
-    ops::copy(be_, host(types, DType::I32, {T}), b.token_type_ids);
     ops::copy(be_, regression ? host(labels, DType::F32, {batch}) : host(int_labels_.data(), DType::I32, {batch}),
               b.labels);
   }
+  return b;
+}
+
+void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
+                                 const float* labels, int batch, int seq, float grad_scale, uint64_t dropout_step,
+                                 float* logits_out) {
+  HONE_CHECK(phases_.train, "micro_step on a run planned for inference only");
+  HONE_CHECK(batch >= 1 && batch <= args_.per_device_train_batch_size, "batch of {} rows", batch);
+  HONE_CHECK(seq >= 1 && seq <= seq_, "sequences of {} tokens in a run planned for {}", seq, seq_);
+  // Step-scoped gradients live until the optimizer step: both run in one phase.
+  HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
+  mem.begin_phase(Phase::MicroStep);
+  BatchTensors b = upload(mem, ids, mask, types, labels, true, batch, seq);
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
   model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true}, grad_scale, loss, logits_out);
   ops::add_scaled(be_, loss, grad_scale, loss_sum_);
@@ -197,6 +239,19 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
     step_open_ = true;
   else
     mem.end_phase();
+}
+
+void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
+                            int batch, int seq, const ForwardOutputs& out) {
+  HONE_CHECK(batch >= 1 && batch <= phases_.infer_batch, "inference batch of {} rows in a run planned for {}",
+             batch, phases_.infer_batch);
+  HONE_CHECK(seq >= 1 && seq <= seq_, "sequences of {} tokens in a run planned for {}", seq, seq_);
+  HONE_CHECK(!step_open_, "inference between a micro_step and its optimizer_step");
+  mem.begin_phase(Phase::Inference);
+  BatchTensors b = upload(mem, ids, mask, types, nullptr, false, batch, seq);
+  model_->forward(be_, mem, b, out);
+  for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids}) mem.release(*t);
+  mem.end_phase();
 }
 
 void TrainingRun::optimizer_step(double lr, int64_t step) { run_optimizer_step(*mem_, lr, step); }
@@ -248,76 +303,6 @@ double TrainingRun::last_grad_norm() {
   float v[2] = {0, 0};
   be_.read(norm_coef_, v, 2);
   return v[0];
-}
-
-// ---------------------------------------------------------------- the loop
-
-TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const Dataset& data, const TrainCallbacks& cb) {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  const StepCounts sc = count_steps(a, data.size());
-  const int B = a.per_device_train_batch_size, S = data.seq_len();
-  const int64_t GA = a.gradient_accumulation_steps;
-  std::vector<int32_t> ids(size_t(B) * S), mask(size_t(B) * S), types(size_t(B) * S);
-  std::vector<float> labels(static_cast<size_t>(B));
-
-  int64_t step = 0, micro_total = 0, last_logged = 0, tokens = 0;
-  double loss_since_log = 0, total_loss = 0, epoch_progress = 0;
-  auto log = [&](double loss_sum) {
-    if (!std::isfinite(loss_sum))
-      fail("the loss became {} by update {}: training diverged (try a lower --learning_rate)", loss_sum, step);
-    loss_since_log += loss_sum;
-    nlohmann::ordered_json e;
-    e["loss"] = loss_since_log / double(step - last_logged);
-    e["grad_norm"] = run.last_grad_norm();
-    e["learning_rate"] = learning_rate_at(a, step, sc.total_updates);  // what the next update uses
-    e["epoch"] = epoch_progress;
-    e["step"] = step;
-    total_loss += loss_since_log;
-    loss_since_log = 0;
-    last_logged = step;
-    if (cb.on_log) cb.on_log(e);
-  };
-
-  for (int64_t epoch = 0; epoch < sc.epochs && step < sc.total_updates; ++epoch) {
-    const std::vector<int64_t> order = epoch_order(data.size(), a.seed, epoch);
-    for (int64_t first = 0; first < sc.micro_per_epoch && step < sc.total_updates; first += GA) {
-      const int64_t window = std::min(GA, sc.micro_per_epoch - first);
-      for (int64_t k = first; k < first + window; ++k) {
-        const int64_t lo = k * B, rows = std::min<int64_t>(B, data.size() - lo);
-        for (int64_t r = 0; r < rows; ++r) {
-          const size_t o = size_t(r) * S;
-          data.example(order[size_t(lo + r)], &ids[o], &mask[o], &types[o], &labels[size_t(r)]);
-        }
-        tokens += rows * S;
-        run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), int(rows), 1.0f / float(window),
-                       uint64_t(micro_total++));
-      }
-      run.optimizer_step(learning_rate_at(a, step, sc.total_updates), step + 1);
-      ++step;
-      epoch_progress = double(epoch) + double(first + window) / double(sc.micro_per_epoch);
-      if (cb.on_step) cb.on_step(step, sc.total_updates);
-      if (step % a.logging_steps == 0 || (step == 1 && a.logging_first_step)) log(run.take_loss_sum());
-    }
-  }
-  const double rest = run.take_loss_sum();
-  if (!std::isfinite(rest))
-    fail("the loss became {} by update {}: training diverged (try a lower --learning_rate)", rest, step);
-  loss_since_log += rest;
-  total_loss += loss_since_log;
-
-  TrainMetrics m;
-  m.train_runtime = std::chrono::duration<double>(clock::now() - start).count();
-  m.global_step = step;
-  m.train_loss = step > 0 ? total_loss / double(step) : 0.0;
-  m.epoch = epoch_progress;
-  m.train_samples_per_second = double(sc.num_train_samples) / m.train_runtime;
-  m.train_steps_per_second = double(sc.total_updates) / m.train_runtime;
-  const auto& c = run.model().config();
-  const double non_embedding = double(run.model().layout().count()) -
-                               double(c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * c.hidden_size;
-  m.total_flos = 6.0 * non_embedding * double(tokens);  // Trainer's estimate
-  return m;
 }
 
 }  // namespace hone

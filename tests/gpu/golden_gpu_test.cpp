@@ -72,7 +72,8 @@ TEST(GpuParity, DropoutTrainingMatchesCpu) {
   SyntheticDataset data(4, 32, 5, false);
   std::vector<int32_t> ids(128), mask(128), types(128);
   std::vector<float> labels(4);
-  for (int b = 0; b < 4; ++b) data.example(b, &ids[b * 32], &mask[b * 32], &types[b * 32], &labels[b]);
+  for (int b = 0; b < 4; ++b) data.example(b, &ids[b * 32], &types[b * 32], &labels[b]);
+  std::fill(mask.begin(), mask.end(), 1);
   labels = {0, 1, 1, 0};
   for (int step = 0; step < 3; ++step) {
     for (TrainingRun* r : {&on_gpu, &on_cpu}) {
@@ -151,6 +152,51 @@ TEST(GpuMemory, StepsAllocateNothing) {
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
   EXPECT_EQ(Arena::allocation_count(), arenas);
   EXPECT_EQ(free_after, free_before);
+}
+
+// Dynamic padding on the GPU: batches shorter than the planned sequence (and not a
+// multiple of any tile), with padding inside, for training and for inference, as the
+// CPU computes them; and the text loader's pinned staging buffers feeding it.
+TEST(GpuParity, ShortPaddedBatchesMatchCpuInTrainingAndInference) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  CpuBackend cpu;
+  BertConfig c = dropout_config();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 3;
+  TrainingRun on_gpu(a, c, 48, *cuda, GradientMemory::StepScoped, RunPhases{true, 5});
+  TrainingRun on_cpu(a, c, 48, cpu, GradientMemory::StepScoped, RunPhases{true, 5});
+  std::vector<float> w(size_t(on_cpu.model().layout().count()));
+  init_weights(c, on_cpu.model().layout(), w.data(), 4);
+  on_gpu.write_weights(w.data());
+  on_cpu.write_weights(w.data());
+  for (int seq : {24, 13, 40}) {
+    std::vector<int32_t> ids(size_t(5 * seq)), mask(ids.size()), types(ids.size(), 0);
+    std::vector<float> labels = {1, 0, 1, 0, 1};
+    for (int b = 0; b < 5; ++b)
+      for (int t = 0; t < seq; ++t) {
+        const bool real = t < seq - 3 * b;
+        ids[size_t(b * seq + t)] = real ? 1000 + 31 * t + 7 * b : 0;
+        mask[size_t(b * seq + t)] = real ? 1 : 0;
+      }
+    Batch bt;
+    bt.rows = 3;
+    bt.seq = seq;
+    bt.ids = ids.data();
+    bt.mask = mask.data();
+    bt.types = types.data();
+    bt.labels = labels.data();
+    for (TrainingRun* r : {&on_gpu, &on_cpu}) {
+      r->micro_step(bt, 1.0f, uint64_t(seq));
+      r->optimizer_step(1e-3, 1);
+    }
+    EXPECT_NEAR(on_gpu.take_loss_sum(), on_cpu.take_loss_sum(), 1e-5) << seq;
+    bt.rows = 5;
+    std::vector<float> lg(10), lc(10);
+    on_gpu.infer(bt, ForwardOutputs{lg.data()});
+    on_cpu.infer(bt, ForwardOutputs{lc.data()});
+    EXPECT_LT(test::max_rel_error(lg.data(), lc.data(), 10, 1e-3), 1e-4) << seq;
+  }
 }
 
 }  // namespace

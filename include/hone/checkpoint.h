@@ -1,0 +1,37 @@
+#pragma once
+// Checkpoints as Trainer lays them out: output_dir/checkpoint-N with the model in
+// Hugging Face format (config.json, model.safetensors, tokenizer files), the optimizer
+// moments, the scheduler and RNG positions, trainer_state.json and the arguments.
+// A checkpoint is written into a temporary sibling directory, every file fsynced, and
+// renamed into place in one step: a run killed while saving leaves the previous
+// checkpoints as they were and no partial checkpoint-N.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hone/trainer.h"
+
+namespace hone {
+
+std::string checkpoint_path(const std::string& output_dir, int64_t step);
+
+void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles& files, const TrainerState& state,
+                     const TrainingArguments& a, const StepCounts& sc);
+
+// Restores the weights, optimizer moments and trainer state of `dir` into `run`. A
+// checkpoint of a different model, or one with a missing or malformed file, is an error
+// naming the file.
+TrainerState load_checkpoint(const std::string& dir, TrainingRun& run);
+
+// The complete checkpoints in output_dir, oldest first, as (step, path).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir);
+
+// --resume_from_checkpoint: a directory, or "last" for the newest one in output_dir.
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
+
+// --save_total_limit: removes the oldest checkpoints beyond `limit`, never `keep` (the
+// best one). Returns the removed paths.
+std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep);
+
+}  // namespace hone

@@ -1,0 +1,109 @@
+#include "cli/setup.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "hone/cpu_backend.h"
+#include "hone/cuda.h"
+
+namespace hone::cli {
+
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  std::string why;
+  if (a.device == "cuda" || (a.device == "auto" && cuda_available(&why))) return make_cuda_backend({0, a.tf32});
+  if (a.tf32) fmt::print("notice: --tf32 affects CUDA matrix products only; the CPU backend computes in fp32\n");
+  return std::make_unique<CpuBackend>();
+}
+
+namespace {
+
+// transformers writes LABEL_0, LABEL_1, ... when a model was never given label names.
+bool names_its_labels(const BertConfig& c) {
+  for (size_t i = 0; i < c.id2label.size(); ++i)
+    if (c.id2label[i] != fmt::format("LABEL_{}", i)) return true;
+  return false;
+}
+
+LabelSpace labels_of(const BertConfig& c) {
+  LabelSpace s;
+  s.regression = c.resolved_problem_type() == "regression";
+  if (!s.regression) s.names = c.id2label;
+  return s;
+}
+
+void apply_labels(const LabelSpace& s, BertConfig& c) {
+  if (s.regression) {
+    c.num_labels = 1;
+    c.id2label = {"LABEL_0"};
+    c.problem_type = "regression";
+  } else {
+    c.num_labels = int(s.names.size());
+    c.id2label = s.names;
+    c.problem_type = "single_label_classification";
+  }
+}
+
+}  // namespace
+
+RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
+  RunInputs in{resolve_model(a.model_name_or_path)};
+  BertConfig& cfg = in.model.config;
+  const bool text = !a.train_file.empty() || (read_test && !a.test_file.empty()) ||
+                    (!read_train && read_eval && !a.validation_file.empty());
+  if (!text) {
+    if (read_test) fail("hone predict needs a --test_file");
+    const SyntheticSpec spec = parse_synthetic_dataset(a.dataset);
+    in.seq_len = spec.len;
+    if (read_train) {
+      in.train = open_dataset(a.dataset, a.seed, cfg.resolved_problem_type() == "regression");
+      if (cfg.vocab_size < SyntheticDataset::kEndId)
+        fail("--dataset {}: synthetic token ids go up to {}, but the model's vocab_size is {}", a.dataset,
+             SyntheticDataset::kEndId - 1, cfg.vocab_size);
+    }
+    return in;
+  }
+
+  const std::string tok_dir = a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name;
+  if (in.model.weights_path.empty() && a.tokenizer_name.empty())
+    fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
+         "(a directory with tokenizer.json or vocab.txt)", a.model_name_or_path);
+  in.tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::load(tok_dir));
+  if (in.tokenizer->vocab_size() > cfg.vocab_size)
+    fail("the tokenizer of {} has {} tokens but the model's vocab_size is {}", tok_dir, in.tokenizer->vocab_size(),
+         cfg.vocab_size);
+  in.seq_len = std::min(a.max_seq_length, cfg.max_position_embeddings);
+  if (a.max_seq_length > cfg.max_position_embeddings)
+    fmt::print("notice: --max_seq_length {} is longer than the model's max_position_embeddings; using {}\n",
+               a.max_seq_length, in.seq_len);
+  const TextColumns cols{a.text_column, a.text_pair_column, a.label_column};
+
+  if (read_train && !a.train_file.empty()) {
+    TextTable table = read_text_table(a.train_file, cols, true);
+    // A model fine-tuned before keeps its label ids; a new head takes the data's labels.
+    in.labels = names_its_labels(cfg) ? labels_of(cfg) : LabelSpace::infer(table);
+    apply_labels(in.labels, cfg);
+    in.train = std::make_unique<TextDataset>(std::move(table), in.tokenizer, in.labels, in.seq_len, true);
+  } else {
+    in.labels = labels_of(cfg);
+  }
+  if (read_eval && !a.validation_file.empty())
+    in.eval = std::make_unique<TextDataset>(read_text_table(a.validation_file, cols, true), in.tokenizer, in.labels,
+                                            in.seq_len, true);
+  if (read_test) {
+    if (a.test_file.empty()) fail("hone predict needs a --test_file");
+    // Labels are optional here; where every row has one, predict also reports metrics.
+    TextTable table;
+    try {
+      table = read_text_table(a.test_file, cols, true);
+      in.test_has_labels = true;
+    } catch (const Error&) {
+      table = read_text_table(a.test_file, cols, false);
+    }
+    in.test = std::make_unique<TextDataset>(std::move(table), in.tokenizer, in.labels, in.seq_len,
+                                            in.test_has_labels);
+  }
+  return in;
+}
+
+}  // namespace hone::cli

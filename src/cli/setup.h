@@ -1,0 +1,32 @@
+#pragma once
+// What `train`, `estimate` and `predict` share: the model, the backend, and for text
+// data the tokenizer, the label set (written into config.json) and the datasets.
+#include <memory>
+#include <string>
+
+#include "hone/args.h"
+#include "hone/backend.h"
+#include "hone/data.h"
+#include "hone/tokenizer.h"
+#include "hone/weights.h"
+
+namespace hone::cli {
+
+// --device auto takes the GPU when there is one.
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a);
+
+struct RunInputs {
+  ModelSource model;  // its config carries the run's labels
+  std::shared_ptr<const WordPieceTokenizer> tokenizer;  // null for synthetic data
+  LabelSpace labels;
+  std::unique_ptr<Dataset> train, eval, test;           // those the arguments name
+  bool test_has_labels = false;
+  int seq_len = 0;                                      // the longest sequence of the run
+};
+
+// Reads what the arguments name. With text files, the label set comes from the model's
+// config.json when it names its labels (a fine-tuned model), else from the training
+// file, and the config is updated to it.
+RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test);
+
+}  // namespace hone::cli

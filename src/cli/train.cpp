@@ -1,0 +1,235 @@
+// `hone train`: the run, its logs (console, JSONL, TensorBoard), checkpoints, the final
+// model directory and the memory anatomy.
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "cli/report.h"
+#include "cli/setup.h"
+#include "hone/cuda.h"
+#include "hone/gpu_info.h"
+#include "hone/safetensors.h"
+#include "hone/tensorboard.h"
+#include "hone/trainer.h"
+
+namespace hone::cli {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr double kMiB = 1 << 20;
+
+// What the seed notebook's print_gpu_utilization prints (device-wide, NVML).
+std::optional<GpuMemory> print_gpu_memory(const Backend& be, const char* when) {
+  if (be.device() != Device::CUDA) return std::nullopt;
+  std::optional<GpuMemory> m = gpu_memory(0);
+  if (m) fmt::print("GPU memory occupied: {} MB. ({})\n", m->used >> 20, when);
+  std::fflush(stdout);
+  return m;
+}
+
+// Peak resident memory of this process (VmHWM), in bytes; 0 where /proc is absent.
+size_t peak_rss() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  size_t kb = 0;
+  while (f >> key)
+    if (key == "VmHWM:" && f >> kb) return kb * 1024;
+  return 0;
+}
+
+// Trainer's default logging_dir: output_dir/runs/<Mon DD_HH-MM-SS>_<host>.
+std::string default_logging_dir(const std::string& output_dir) {
+  char stamp[32], host[256] = "localhost";
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%b%d_%H-%M-%S", std::localtime(&now));
+  gethostname(host, sizeof host - 1);
+  return (fs::path(output_dir) / "runs" / (std::string(stamp) + "_" + host)).string();
+}
+
+// TensorBoardCallback's tags: eval_x -> eval/x, anything else -> train/x.
+void log_scalars(TensorBoardWriter& tb, const nlohmann::ordered_json& e) {
+  const int64_t step = e.value("step", int64_t(0));
+  for (const auto& [k, v] : e.items()) {
+    if (k == "step" || !v.is_number()) continue;
+    const std::string tag = k.starts_with("eval_") ? "eval/" + k.substr(5) : "train/" + k;
+    tb.add_scalar(tag, v.get<double>(), step);
+  }
+  tb.flush();
+}
+
+// Console lines as Trainer prints them: rounded, without the step.
+std::string shown(const nlohmann::ordered_json& e) {
+  nlohmann::ordered_json s;
+  for (const auto& [k, v] : e.items()) {
+    if (k == "step") continue;
+    if (k == "epoch")
+      s[k] = std::round(v.get<double>() * 100) / 100;
+    else if (k == "loss" || k.ends_with("_loss") || k.starts_with("eval_"))
+      s[k] = v.is_number() ? nlohmann::ordered_json(std::round(v.get<double>() * 1e4) / 1e4) : v;
+    else
+      s[k] = v;
+  }
+  return python_dict(s);
+}
+
+}  // namespace
+
+int train_command(const TrainingArguments& a) {
+  const bool want_gpu = a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
+  std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(0) : std::nullopt;
+  if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
+  const bool evaluates = a.do_eval || a.eval_strategy != "no";
+  RunInputs in = prepare_inputs(a, true, evaluates, false);
+  const BertConfig& cfg = in.model.config;
+  std::unique_ptr<Backend> backend = make_backend(a);
+  Backend& be = *backend;
+  std::optional<GpuMemory> after_context = print_gpu_memory(be, "after the CUDA context and libraries");
+
+  TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a),
+                  RunPhases{true, in.eval ? a.per_device_eval_batch_size : 0});
+  const ParamLayout& layout = run.model().layout();
+  fmt::print("hone train: {}\n  {}\n", in.model.name, describe(cfg, layout.count()));
+  std::vector<float> host(static_cast<size_t>(layout.count()));  // staging for init, load and save
+  if (in.model.weights_path.empty()) {
+    init_weights(cfg, layout, host.data(), a.seed);
+    fmt::print("notice: {} is a built-in configuration: its weights are random (seed {}), since hone downloads "
+               "nothing. Pass a directory with config.json and model.safetensors for pretrained weights.\n",
+               in.model.name, a.seed);
+  } else {
+    LoadReport r = load_weights(in.model.weights_path, cfg, layout, host.data(), a.seed);
+    auto list = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const auto& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
+      return "[" + s + "]";
+    };
+    if (!r.initialized.empty())
+      fmt::print("notice: newly initialised, not in {}: {}\n", in.model.weights_path, list(r.initialized));
+    if (!r.unused.empty()) fmt::print("notice: unused tensors of {}: {}\n", in.model.weights_path, list(r.unused));
+  }
+  run.write_weights(host.data());
+  std::optional<GpuMemory> after_setup = print_gpu_memory(be, "after the model and every planned buffer");
+  const StepCounts sc = count_steps(a, in.train->size());
+  const std::string where = be.device() == Device::CUDA
+                                ? fmt::format("{}{}", be.name(), a.tf32 ? ", tf32" : ", fp32")
+                                : fmt::format("{} ({} threads)", be.name(), omp_get_max_threads());
+  fmt::print("  data: {}\n", in.train->description());
+  if (in.eval) fmt::print("  evaluation: {}\n", in.eval->description());
+  if (!in.labels.regression && in.tokenizer) fmt::print("  labels: {}\n", fmt::join(in.labels.names, ", "));
+  fmt::print("  device: {}; batch {} x {} accumulation, {} updates over {} epoch(s)\n", where,
+             a.per_device_train_batch_size, a.gradient_accumulation_steps, sc.total_updates, sc.epochs);
+  std::fflush(stdout);
+
+  std::error_code ec;
+  fs::create_directories(a.output_dir, ec);
+  if (ec) fail("cannot create --output_dir {}: {}", a.output_dir, ec.message());
+  const std::string log_path = (fs::path(a.output_dir) / "trainer_log.jsonl").string();
+  // A resumed run continues the log of the run it resumes.
+  std::FILE* log = std::fopen(log_path.c_str(), a.resume_from_checkpoint.empty() ? "w" : "a");
+  if (!log) fail("cannot write {}", log_path);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_closer(log, std::fclose);
+  std::unique_ptr<TensorBoardWriter> tb;
+  if (a.report_to == "tensorboard" || a.report_to == "all") {
+    tb = std::make_unique<TensorBoardWriter>(a.logging_dir.empty() ? default_logging_dir(a.output_dir)
+                                                                   : a.logging_dir);
+    tb->add_text("args", to_json(a).dump(2), 0);
+    fmt::print("  TensorBoard: {}\n", tb->path());
+  }
+
+  ProgressBar bar(!a.disable_tqdm);
+  const int64_t samples_per_update = int64_t(a.per_device_train_batch_size) * a.gradient_accumulation_steps;
+  std::string last_loss;
+  TrainCallbacks cb;
+  cb.on_step = [&](int64_t done, int64_t total, const TrainerState&) {
+    bar.update(done, total, samples_per_update, last_loss);
+  };
+  cb.on_log = [&](const nlohmann::ordered_json& e) {
+    std::fprintf(log, "%s\n", e.dump().c_str());
+    std::fflush(log);
+    if (e.contains("loss")) last_loss = fmt::format("loss={:.4f}", e["loss"].get<double>());
+    if (tb) log_scalars(*tb, e);
+    bar.clear();
+    fmt::print("{}\n", shown(e));
+    std::fflush(stdout);
+  };
+  cb.on_notice = [&](const std::string& m) {
+    bar.clear();
+    fmt::print("{}\n", m);
+    std::fflush(stdout);
+  };
+  const ModelFiles files{cfg, in.tokenizer.get()};
+  TrainerState state;
+  TrainMetrics m = train(run, a, TrainData{*in.train, in.eval.get()}, files, cb, &state);
+  bar.finish();
+  std::optional<GpuMemory> after_train = print_gpu_memory(be, "after training");
+
+  nlohmann::ordered_json metrics = m.to_json();
+  if (after_train) {
+    metrics["gpu"] = be.name();
+    metrics["tf32"] = a.tf32;
+    metrics["gpu_memory_start_mb"] = at_start ? at_start->used >> 20 : 0;
+    metrics["gpu_memory_after_context_mb"] = after_context ? after_context->used >> 20 : 0;
+    metrics["gpu_memory_after_setup_mb"] = after_setup ? after_setup->used >> 20 : 0;
+    metrics["gpu_memory_after_train_mb"] = after_train->used >> 20;
+    if (after_train->process_known) metrics["gpu_memory_process_mb"] = after_train->process_used >> 20;
+    metrics["planned_mb"] = run.memory().plan().total_bytes() >> 20;
+  }
+  nlohmann::ordered_json summary;
+  summary["train_runtime"] = std::round(m.train_runtime * 1e4) / 1e4;
+  summary["train_samples_per_second"] = std::round(m.train_samples_per_second * 1e3) / 1e3;
+  summary["train_steps_per_second"] = std::round(m.train_steps_per_second * 1e3) / 1e3;
+  summary["train_loss"] = m.train_loss;
+  summary["epoch"] = m.epoch;
+  fmt::print("{}\n", python_dict(summary));
+  const fs::path out(a.output_dir);
+  write_file_atomic((out / "train_results.json").string(), metrics.dump(4) + "\n");
+  nlohmann::ordered_json all = metrics;
+  if (in.eval && a.do_eval) {
+    // As run_classification.py does after training: one more evaluation, of the final
+    // (or best) model.
+    nlohmann::ordered_json ev = evaluate(run, *in.eval, a);
+    ev["epoch"] = m.epoch;
+    fmt::print("{}\n", shown(ev));
+    ev["step"] = m.global_step;
+    std::fprintf(log, "%s\n", ev.dump().c_str());
+    if (tb) log_scalars(*tb, ev);
+    ev.erase("step");
+    write_file_atomic((out / "eval_results.json").string(), ev.dump(4) + "\n");
+    for (const auto& [k, v] : ev.items()) all[k] = v;
+  }
+  write_file_atomic((out / "all_results.json").string(), all.dump(4) + "\n");
+  write_file_atomic((out / "trainer_state.json").string(), state.to_json(a, sc).dump(2) + "\n");
+  write_file_atomic((out / "training_args.json").string(), to_json(a).dump(2) + "\n");
+  run.read_weights(host.data());
+  save_pretrained(a.output_dir, cfg, layout, host.data());
+  if (in.tokenizer) in.tokenizer->save(a.output_dir);
+  fmt::print("saved the model ({}config.json, model.safetensors), train_results.json and trainer_log.jsonl to {}\n",
+             in.tokenizer ? "tokenizer files, " : "", a.output_dir);
+
+  size_t measured[kNumCategories];
+  for (int c = 0; c < kNumCategories; ++c) measured[c] = run.memory().arena_bytes(Category(c));
+  fmt::print("memory anatomy (planned before the first step; measured = bytes the arenas allocated):\n{}",
+             memory_table(run.memory().plan(), layout.count(), measured));
+  if (after_train && after_train->process_known) {
+    const size_t planned = run.memory().plan().total_bytes();
+    const uint64_t context = after_train->process_used - std::min(after_train->process_used, uint64_t(planned));
+    fmt::print("  {:<24} {:>15} {:>10.1f}   (this process on the GPU, NVML: {:.0f} MB, of which the plan is "
+               "{:.0f} MB)\n",
+               "CUDA context+libs", with_commas(context), double(context) / kMiB,
+               double(after_train->process_used) / kMiB, double(planned) / kMiB);
+  } else if (after_train) {
+    fmt::print("  GPU memory of this process: unknown ({})\n", after_train->source);
+  }
+  fmt::print("host memory: peak resident {:.0f} MB\n", double(peak_rss()) / kMiB);
+  return 0;
+}
+
+}  // namespace hone::cli

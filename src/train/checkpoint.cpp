@@ -1,0 +1,234 @@
+#include "hone/checkpoint.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+
+#include "hone/error.h"
+#include "hone/safetensors.h"
+#include "hone/schedule.h"
+#include "hone/tokenizer.h"
+#include "hone/weights.h"
+
+namespace hone {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPrefix = "checkpoint-";
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) fail("cannot read {}: no such file", p.string());
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON: {}", p.string(), e.what());
+  }
+}
+
+// The step of a "checkpoint-N" directory name, or -1.
+int64_t checkpoint_step(const std::string& name) {
+  if (!name.starts_with(kPrefix)) return -1;
+  int64_t step = -1;
+  const char* b = name.data() + std::char_traits<char>::length(kPrefix);
+  const char* e = name.data() + name.size();
+  auto r = std::from_chars(b, e, step);
+  return r.ec == std::errc{} && r.ptr == e && b != e ? step : -1;
+}
+
+}  // namespace
+
+std::string checkpoint_path(const std::string& output_dir, int64_t step) {
+  return (fs::path(output_dir) / fmt::format("{}{}", kPrefix, step)).string();
+}
+
+nlohmann::ordered_json TrainerState::to_json(const TrainingArguments& a, const StepCounts& sc) const {
+  nlohmann::ordered_json j;
+  j["best_global_step"] = nullptr;
+  j["best_metric"] = best_metric ? nlohmann::ordered_json(*best_metric) : nlohmann::ordered_json(nullptr);
+  j["best_model_checkpoint"] =
+      best_model_checkpoint.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(best_model_checkpoint);
+  if (best_metric && !best_model_checkpoint.empty())
+    j["best_global_step"] = checkpoint_step(fs::path(best_model_checkpoint).filename().string());
+  j["epoch"] = epoch;
+  j["eval_steps"] = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
+  j["global_step"] = global_step;
+  j["is_hyper_param_search"] = false;
+  j["is_local_process_zero"] = true;
+  j["is_world_process_zero"] = true;
+  j["log_history"] = log_history;
+  j["logging_steps"] = a.logging_steps;
+  j["max_steps"] = sc.total_updates;
+  j["num_input_tokens_seen"] = tokens;
+  j["num_train_epochs"] = sc.epochs;
+  j["save_steps"] = a.save_steps;
+  j["total_flos"] = total_flos;
+  j["train_batch_size"] = a.per_device_train_batch_size;
+  j["trial_name"] = nullptr;
+  j["trial_params"] = nullptr;
+  // Doubles are written with 17 significant digits, so they read back bit for bit.
+  j["hone_resume"] = {{"micro_steps", micro_steps},
+                      {"last_logged_step", last_logged_step},
+                      {"loss_since_log", loss_since_log},
+                      {"total_loss", total_loss}};
+  return j;
+}
+
+TrainerState TrainerState::from_json(const nlohmann::json& j, const std::string& source) {
+  TrainerState s;
+  try {
+    s.global_step = j.at("global_step").get<int64_t>();
+    s.epoch = j.at("epoch").get<double>();
+    s.log_history = j.at("log_history");
+    if (!j.at("best_metric").is_null()) s.best_metric = j.at("best_metric").get<double>();
+    if (!j.at("best_model_checkpoint").is_null()) s.best_model_checkpoint = j.at("best_model_checkpoint");
+    s.total_flos = j.at("total_flos").get<double>();
+    s.tokens = j.value("num_input_tokens_seen", int64_t(0));
+    const auto& r = j.at("hone_resume");
+    s.micro_steps = r.at("micro_steps").get<int64_t>();
+    s.last_logged_step = r.at("last_logged_step").get<int64_t>();
+    s.loss_since_log = r.at("loss_since_log").get<double>();
+    s.total_loss = r.at("total_loss").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not a trainer state that hone wrote: {}", source, e.what());
+  }
+  if (s.global_step < 0 || s.micro_steps < 0) fail("{}: negative step counts", source);
+  return s;
+}
+
+void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles& files, const TrainerState& state,
+                     const TrainingArguments& a, const StepCounts& sc) {
+  const fs::path final_dir(dir), parent = final_dir.parent_path();
+  const fs::path tmp = parent / fmt::format(".{}.tmp.{}", final_dir.filename().string(), ::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail("cannot create {}: {}", tmp.string(), ec.message());
+
+  const ParamLayout& layout = run.model().layout();
+  const auto n = size_t(layout.count());
+  std::vector<float> host(n), m(n), v(n);
+  run.read_weights(host.data());
+  save_pretrained(tmp.string(), files.config, layout, host.data());
+  if (files.tokenizer) files.tokenizer->save(tmp.string());
+  run.read_optimizer_state(m.data(), v.data());
+  // Trainer writes optimizer.pt (a pickled torch state); hone writes the same moments as
+  // safetensors, flat in the model's parameter order.
+  write_safetensors((tmp / "optimizer.safetensors").string(),
+                    {{"exp_avg", Tensor{m.data(), DType::F32, {int64_t(n)}, Device::CPU}},
+                     {"exp_avg_sq", Tensor{v.data(), DType::F32, {int64_t(n)}, Device::CPU}}},
+                    {{"format", "hone"}, {"step", std::to_string(state.global_step)}});
+  nlohmann::ordered_json sched;
+  sched["lr_scheduler_type"] = a.lr_scheduler_type;
+  sched["last_epoch"] = state.global_step;
+  sched["total_steps"] = sc.total_updates;
+  sched["last_lr"] = learning_rate_at(a, state.global_step, sc.total_updates);
+  write_file_atomic((tmp / "scheduler.json").string(), sched.dump(2) + "\n");
+  // Every random draw of hone is a counter-based Philox stream: the seed and the counters
+  // (the micro-step for dropout, the epoch for the data order) are the whole RNG state.
+  nlohmann::ordered_json rng;
+  rng["seed"] = a.seed;
+  rng["micro_steps"] = state.micro_steps;
+  rng["epoch"] = state.epoch;
+  write_file_atomic((tmp / "rng_state.json").string(), rng.dump(2) + "\n");
+  write_file_atomic((tmp / "trainer_state.json").string(), state.to_json(a, sc).dump(2) + "\n");
+  sync_directory(tmp.string());
+
+  // Replace an existing checkpoint of the same step only once the new one is complete.
+  const fs::path old = parent / fmt::format(".{}.old.{}", final_dir.filename().string(), ::getpid());
+  const bool existed = fs::exists(final_dir);
+  if (existed) {
+    fs::rename(final_dir, old, ec);
+    if (ec) fail("cannot replace {}: {}", dir, ec.message());
+  }
+  fs::rename(tmp, final_dir, ec);
+  if (ec) fail("cannot rename {} to {}: {}", tmp.string(), dir, ec.message());
+  sync_directory(parent.empty() ? "." : parent.string());
+  if (existed) fs::remove_all(old, ec);
+}
+
+TrainerState load_checkpoint(const std::string& dir, TrainingRun& run) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) fail("--resume_from_checkpoint {}: no such directory", dir);
+  const BertConfig saved = BertConfig::load((d / "config.json").string());
+  const BertConfig& mine = run.model().config();
+  if (ParamLayout(saved).count() != run.model().layout().count() || saved.num_labels != mine.num_labels ||
+      saved.hidden_size != mine.hidden_size || saved.num_hidden_layers != mine.num_hidden_layers)
+    fail("{}: the checkpoint is of a different model ({} layers, hidden {}, {} labels) than this run's ({} layers, "
+         "hidden {}, {} labels)",
+         dir, saved.num_hidden_layers, saved.hidden_size, saved.num_labels, mine.num_hidden_layers, mine.hidden_size,
+         mine.num_labels);
+  const ParamLayout& layout = run.model().layout();
+  const auto n = size_t(layout.count());
+  std::vector<float> host(n), m(n), v(n);
+  LoadReport r = load_weights((d / "model.safetensors").string(), mine, layout, host.data(), 0);
+  if (!r.initialized.empty())
+    fail("{}/model.safetensors lacks {} of the model's parameters (first: {})", dir, r.initialized.size(),
+         r.initialized.front());
+  run.write_weights(host.data());
+
+  const std::string opt_path = (d / "optimizer.safetensors").string();
+  SafetensorsFile opt(opt_path);
+  const SafetensorsEntry *em = opt.find("exp_avg"), *ev = opt.find("exp_avg_sq");
+  if (!em || !ev) fail("{}: exp_avg and exp_avg_sq expected", opt_path);
+  opt.read_f32(*em, m.data(), int64_t(n));
+  opt.read_f32(*ev, v.data(), int64_t(n));
+  run.write_optimizer_state(m.data(), v.data());
+
+  const fs::path state_path = d / "trainer_state.json";
+  return TrainerState::from_json(read_json(state_path), state_path.string());
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    const int64_t step = checkpoint_step(e.path().filename().string());
+    // Temporary directories start with '.', so only completed checkpoints count.
+    if (step >= 0 && e.is_directory() && fs::exists(e.path() / "trainer_state.json"))
+      out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir) {
+  if (spec != "last") return spec;
+  auto all = list_checkpoints(output_dir);
+  if (all.empty()) fail("--resume_from_checkpoint last: no checkpoint-N directory in {}", output_dir);
+  return all.back().second;
+}
+
+std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep) {
+  std::vector<std::string> removed;
+  if (limit <= 0) return removed;
+  auto all = list_checkpoints(output_dir);
+  const auto is_kept = [&](const std::string& p) {
+    std::error_code ec;
+    return !keep.empty() && fs::equivalent(p, keep, ec);
+  };
+  if (all.empty()) return removed;
+  // As in Trainer, the best checkpoint survives, and so does the newest (to resume from):
+  // with a limit of 1 and an older best one, two remain.
+  const bool old_best = std::any_of(all.begin(), all.end() - 1, [&](const auto& c) { return is_kept(c.second); });
+  const int64_t allowed = old_best ? std::max<int64_t>(limit, 2) : limit;
+  int64_t count = int64_t(all.size());
+  for (const auto& [step, path] : all) {
+    if (count <= allowed) break;
+    if (is_kept(path) || path == all.back().second) continue;
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) fail("cannot remove old checkpoint {}: {}", path, ec.message());
+    removed.push_back(path);
+    --count;
+  }
+  return removed;
+}
+
+}  // namespace hone

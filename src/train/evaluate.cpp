@@ -1,0 +1,76 @@
+#include <chrono>
+#include <cmath>
+
+#include "hone/metrics.h"
+#include "hone/trainer.h"
+
+namespace hone {
+
+nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const TrainingArguments& a,
+                                const std::string& prefix, std::vector<float>* logits) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const int C = run.model().config().num_labels, EB = a.per_device_eval_batch_size;
+  const bool regression = run.model().regression();
+  const int64_t n = data.size();
+  if (n == 0) fail("{}: no examples to evaluate", data.description());
+  std::vector<std::vector<int64_t>> batches;
+  for (int64_t lo = 0; lo < n; lo += EB) {
+    std::vector<int64_t>& b = batches.emplace_back();
+    for (int64_t i = lo; i < std::min(n, lo + EB); ++i) b.push_back(i);
+  }
+  const int64_t steps = int64_t(batches.size());
+  LoaderOptions lo{a.dataloader_num_workers, a.dataloader_pin_memory, 8, EB};
+  BatchLoader loader(data, std::move(batches), lo, run.backend());
+
+  std::vector<float> all(size_t(n) * C), batch_logits(size_t(EB) * C);
+  std::vector<float> labels(static_cast<size_t>(n));
+  double loss_sum = 0;  // summed per example: Trainer's eval_loss is the mean over examples
+  int64_t done = 0;
+  while (const Batch* b = loader.next()) {
+    run.infer(*b, ForwardOutputs{batch_logits.data()});
+    for (int r = 0; r < b->rows; ++r) {
+      const float* z = &batch_logits[size_t(r) * C];
+      const float y = b->labels[r];
+      if (regression) {
+        loss_sum += (double(z[0]) - y) * (double(z[0]) - y);
+      } else {
+        double mx = z[0], sum = 0;
+        for (int c = 1; c < C; ++c) mx = std::max(mx, double(z[c]));
+        for (int c = 0; c < C; ++c) sum += std::exp(double(z[c]) - mx);
+        loss_sum += mx + std::log(sum) - double(z[int(y)]);
+      }
+      std::copy(z, z + C, &all[size_t(done) * C]);
+      labels[size_t(done)] = y;
+      ++done;
+    }
+  }
+  const double runtime = std::chrono::duration<double>(clock::now() - start).count();
+
+  nlohmann::ordered_json m;
+  m[prefix + "_loss"] = loss_sum / double(n);
+  if (regression) {
+    const RegressionMetrics r = regression_metrics(all, labels);
+    m[prefix + "_mse"] = r.mse;
+    m[prefix + "_pearson"] = r.pearson;
+    m[prefix + "_spearman"] = r.spearman;
+  } else {
+    std::vector<int32_t> pred(static_cast<size_t>(n)), truth(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const float* z = &all[size_t(i) * C];
+      pred[size_t(i)] = int32_t(std::max_element(z, z + C) - z);
+      truth[size_t(i)] = int32_t(labels[size_t(i)]);
+    }
+    const ClassificationMetrics c = classification_metrics(pred, truth, C);
+    m[prefix + "_accuracy"] = c.accuracy;
+    m[prefix + "_f1"] = c.f1;
+    m[prefix + "_matthews_correlation"] = c.matthews_correlation;
+  }
+  m[prefix + "_runtime"] = runtime;
+  m[prefix + "_samples_per_second"] = double(n) / runtime;
+  m[prefix + "_steps_per_second"] = double(steps) / runtime;
+  if (logits) *logits = std::move(all);
+  return m;
+}
+
+}  // namespace hone

@@ -1,0 +1,181 @@
+// The training loop with Trainer's order of events after each update: log, evaluate,
+// save (then rotate checkpoints), and at the end optionally reload the best checkpoint.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "hone/checkpoint.h"
+#include "hone/schedule.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+
+namespace hone {
+
+namespace {
+
+void check_finite(double loss, int64_t step) {
+  if (!std::isfinite(loss))
+    fail("the loss became {} by update {}: training diverged (try a lower --learning_rate)", loss, step);
+}
+
+// Model FLOPs as Trainer estimates them: 6 x non-embedding parameters x tokens.
+double flos(TrainingRun& run, int64_t tokens) {
+  const BertConfig& c = run.model().config();
+  const double non_embedding = double(run.model().layout().count()) -
+                               double(c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * c.hidden_size;
+  return 6.0 * non_embedding * double(tokens);
+}
+
+}  // namespace
+
+TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData& data, const ModelFiles& files,
+                   const TrainCallbacks& cb, TrainerState* state_out) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const Dataset& ds = data.train;
+  const StepCounts sc = count_steps(a, ds.size());
+  const int B = a.per_device_train_batch_size;
+  const int64_t GA = a.gradient_accumulation_steps;
+  const int64_t eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
+  const std::string best_key = best_metric_key(a);
+  const bool greater = best_metric_greater(a);
+  auto notice = [&](const std::string& m) {
+    if (cb.on_notice) cb.on_notice(m);
+  };
+
+  TrainerState st;
+  if (!a.resume_from_checkpoint.empty()) {
+    const std::string dir = resolve_checkpoint(a.resume_from_checkpoint, a.output_dir);
+    st = load_checkpoint(dir, run);
+    if (st.global_step > sc.total_updates)
+      fail("{} is at step {}, past this run's {} steps", dir, st.global_step, sc.total_updates);
+    notice(fmt::format("resumed from {} at step {} (epoch {:.2f})", dir, st.global_step, st.epoch));
+  }
+  std::vector<int> lengths;
+  if (a.group_by_length) {
+    lengths.resize(size_t(ds.size()));
+#pragma omp parallel for schedule(dynamic, 64)
+    for (int64_t i = 0; i < ds.size(); ++i) lengths[size_t(i)] = ds.length(i);
+  }
+
+  auto log = [&] {
+    st.loss_since_log += run.take_loss_sum();
+    check_finite(st.loss_since_log, st.global_step);
+    nlohmann::ordered_json e;
+    e["loss"] = st.loss_since_log / double(st.global_step - st.last_logged_step);
+    e["grad_norm"] = run.last_grad_norm();
+    e["learning_rate"] = learning_rate_at(a, st.global_step, sc.total_updates);  // what the next update uses
+    e["epoch"] = st.epoch;
+    e["step"] = st.global_step;
+    st.total_loss += st.loss_since_log;
+    st.loss_since_log = 0;
+    st.last_logged_step = st.global_step;
+    st.log_history.push_back(e);
+    if (cb.on_log) cb.on_log(e);
+  };
+  // Returns whether this evaluation gave a new best metric.
+  auto eval = [&] {
+    nlohmann::ordered_json m = evaluate(run, *data.eval, a);
+    m["epoch"] = st.epoch;
+    m["step"] = st.global_step;
+    st.log_history.push_back(m);
+    if (cb.on_log) cb.on_log(m);
+    if (!m.contains(best_key)) fail("--metric_for_best_model: the evaluation has no {}", best_key);
+    const double v = m[best_key].get<double>();
+    const bool better = !st.best_metric || (greater ? v > *st.best_metric : v < *st.best_metric);
+    if (better) st.best_metric = v;
+    return better;
+  };
+  auto save = [&](bool best_now) {
+    const std::string dir = checkpoint_path(a.output_dir, st.global_step);
+    if (best_now) st.best_model_checkpoint = dir;
+    // The loss accumulated on the device since the last log belongs to the saved state.
+    st.loss_since_log += run.take_loss_sum();
+    st.total_flos = flos(run, st.tokens);
+    save_checkpoint(dir, run, files, st, a, sc);
+    notice("saved " + dir);
+    for (const std::string& p : rotate_checkpoints(a.output_dir, a.save_total_limit, st.best_model_checkpoint))
+      notice("deleted older checkpoint " + p + " (--save_total_limit " + std::to_string(a.save_total_limit) + ")");
+  };
+
+  bool stopped = false;
+  for (int64_t epoch = st.global_step / sc.updates_per_epoch; epoch < sc.epochs && st.global_step < sc.total_updates;
+       ++epoch) {
+    const std::vector<int64_t> order = a.group_by_length ? length_grouped_order(lengths, B, a.seed, epoch)
+                                                         : epoch_order(ds.size(), a.seed, epoch);
+    // A resumed epoch starts after the micro-batches its finished updates consumed.
+    const int64_t first_micro = std::max<int64_t>(0, (st.global_step - epoch * sc.updates_per_epoch) * GA);
+    std::vector<std::vector<int64_t>> batches;
+    for (int64_t k = first_micro; k < sc.micro_per_epoch; ++k) {
+      const int64_t lo = k * B, hi = std::min<int64_t>(ds.size(), lo + B);
+      batches.emplace_back(order.begin() + lo, order.begin() + hi);
+    }
+    BatchLoader loader(ds, std::move(batches), {a.dataloader_num_workers, a.dataloader_pin_memory, 8, B},
+                       run.backend());
+    for (int64_t first = first_micro; first < sc.micro_per_epoch && st.global_step < sc.total_updates;
+         first += GA) {
+      const int64_t window = std::min(GA, sc.micro_per_epoch - first);
+      for (int64_t k = 0; k < window; ++k) {
+        const Batch* b = loader.next();
+        st.tokens += int64_t(b->rows) * b->seq;
+        run.micro_step(*b, 1.0f / float(window), uint64_t(st.micro_steps++));
+      }
+      run.optimizer_step(learning_rate_at(a, st.global_step, sc.total_updates), st.global_step + 1);
+      ++st.global_step;
+      st.epoch = double(epoch) + double(first + window) / double(sc.micro_per_epoch);
+      const bool epoch_end = first + window >= sc.micro_per_epoch, last = st.global_step == sc.total_updates;
+      if (cb.on_step) cb.on_step(st.global_step, sc.total_updates, st);
+      if (st.global_step % a.logging_steps == 0 || (st.global_step == 1 && a.logging_first_step)) log();
+      bool best_now = false;
+      if ((a.eval_strategy == "steps" && st.global_step % eval_every == 0) ||
+          (a.eval_strategy == "epoch" && epoch_end))
+        best_now = eval();
+      if ((a.save_strategy == "steps" && (st.global_step % a.save_steps == 0 || last)) ||
+          (a.save_strategy == "epoch" && epoch_end) || (a.save_strategy == "best" && best_now))
+        save(best_now);
+      if (cb.should_stop && cb.should_stop(st.global_step)) {
+        stopped = true;
+        break;
+      }
+    }
+    if (stopped) break;
+  }
+  if (!stopped) {
+    st.loss_since_log += run.take_loss_sum();
+    check_finite(st.loss_since_log, st.global_step);
+    st.total_loss += st.loss_since_log;
+    st.loss_since_log = 0;
+  }
+
+  if (!stopped && a.load_best_model_at_end && !st.best_model_checkpoint.empty()) {
+    const ParamLayout& layout = run.model().layout();
+    std::vector<float> host(size_t(layout.count()));
+    load_weights((std::filesystem::path(st.best_model_checkpoint) / "model.safetensors").string(),
+                 run.model().config(), layout, host.data(), a.seed);
+    run.write_weights(host.data());
+    notice(fmt::format("loaded the best model from {} ({} = {})", st.best_model_checkpoint, best_key,
+                       *st.best_metric));
+  }
+
+  TrainMetrics m;
+  m.train_runtime = std::chrono::duration<double>(clock::now() - start).count();
+  m.global_step = st.global_step;
+  m.train_loss = st.global_step > 0 ? st.total_loss / double(st.global_step) : 0.0;
+  m.epoch = st.epoch;
+  // As Trainer reports a resumed run: the samples of the whole run over this process's time.
+  m.train_samples_per_second = double(sc.num_train_samples) / m.train_runtime;
+  m.train_steps_per_second = double(sc.total_updates) / m.train_runtime;
+  st.total_flos = flos(run, st.tokens);
+  m.total_flos = st.total_flos;
+  if (!stopped) {
+    nlohmann::ordered_json e = m.to_json();
+    e["step"] = st.global_step;
+    st.log_history.push_back(e);
+  }
+  if (state_out) *state_out = std::move(st);
+  return m;
+}
+
+}  // namespace hone

@@ -1,0 +1,183 @@
+// Fine-tuning on text files as a user runs it: train with evaluation, checkpoints and
+// TensorBoard, then predict; and clear errors for bad data.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hone/checkpoint.h"
+#include "hone/weights.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& cmd) {
+  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Result hone(const std::string& args) { return run(std::string("OMP_NUM_THREADS=1 ") + HONE_BINARY + " " + args); }
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+const std::vector<std::string> kWords = {"the", "film", "was", "plot", "acting", "really", "quite", "good",
+                                         "great", "bad", "awful", "fine", "."};
+
+// A vocab.txt tokenizer directory and a small model whose vocabulary matches it.
+struct TextSetup {
+  test::TempDir dir;
+  std::string tok, model;
+  TextSetup() {
+    tok = dir.path + "/tok";
+    model = dir.path + "/model";
+    fs::create_directories(tok);
+    std::ofstream v(tok + "/vocab.txt");
+    for (const char* s : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}) v << s << "\n";
+    for (const auto& w : kWords) v << w << "\n";
+    v.close();
+    BertConfig c = *builtin_config("bert-tiny");
+    c.vocab_size = 5 + int(kWords.size());
+    c.hidden_size = 16;
+    c.intermediate_size = 32;
+    c.max_position_embeddings = 32;
+    ParamLayout layout(c);
+    std::vector<float> w(size_t(layout.count()));
+    init_weights(c, layout, w.data(), 1);
+    save_pretrained(model, c, layout, w.data());
+  }
+  // Sentiment by the adjective: learnable from one token.
+  std::string write(const std::string& name, int n, int offset) const {
+    const std::string path = dir.path + "/" + name;
+    std::ofstream f(path);
+    for (int i = 0; i < n; ++i) {
+      const int k = (i + offset) % 4;
+      const char* adj[] = {"good", "great", "bad", "awful"};
+      nlohmann::json j = {{"text", fmt::format("the {} was {} {} .", i % 2 ? "film" : "plot",
+                                               i % 3 ? "really" : "quite", adj[k])},
+                          {"label", k < 2 ? "positive" : "negative"}};
+      f << j.dump() << "\n";
+    }
+    return path;
+  }
+};
+
+TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
+  TextSetup s;
+  const std::string train = s.write("train.jsonl", 64, 0), dev = s.write("dev.jsonl", 16, 1),
+                    out = s.dir.path + "/out";
+  Result r = hone("train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok + " --train_file " + train +
+                  " --validation_file " + dev +
+                  " --text_column text --max_seq_length 16 --per_device_train_batch_size 8 --learning_rate 3e-3"
+                  " --num_train_epochs 3 --eval_strategy epoch --save_strategy epoch --save_total_limit 1"
+                  " --load_best_model_at_end --metric_for_best_model accuracy --do_eval --logging_steps 4"
+                  " --report_to tensorboard --dataloader_num_workers 2 --output_dir " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "'eval_accuracy': ")) << r.out;
+  EXPECT_TRUE(has(r.out, "loaded the best model from")) << r.out;
+
+  // The final directory: the model with its label names, the tokenizer, the results.
+  const BertConfig c = BertConfig::load(out + "/config.json");
+  EXPECT_EQ(c.id2label, (std::vector<std::string>{"negative", "positive"}));
+  for (const char* f : {"model.safetensors", "vocab.txt", "tokenizer_config.json", "eval_results.json",
+                        "train_results.json", "trainer_state.json", "training_args.json", "trainer_log.jsonl"})
+    EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+  std::ifstream ev(out + "/eval_results.json");
+  const nlohmann::json e = nlohmann::json::parse(ev);
+  for (const char* k : {"eval_loss", "eval_accuracy", "eval_f1", "eval_matthews_correlation"})
+    EXPECT_TRUE(e.contains(k)) << k;
+  // 3 epochs of 8 updates; one checkpoint per epoch, at most one kept besides the best.
+  const auto cks = list_checkpoints(out);
+  ASSERT_FALSE(cks.empty());
+  EXPECT_LE(cks.size(), 2u);
+  EXPECT_EQ(cks.back().first, 24);
+  EXPECT_TRUE(fs::exists(cks.back().second + "/vocab.txt"));
+  std::ifstream stf(out + "/trainer_state.json");
+  const nlohmann::json st = nlohmann::json::parse(stf);
+  ASSERT_FALSE(st["best_model_checkpoint"].is_null());
+  int evals = 0;
+  for (const auto& h : st["log_history"]) evals += h.contains("eval_accuracy");
+  EXPECT_EQ(evals, 3);
+
+  // TensorBoard's own reader sees the logged scalars.
+  const std::string check = std::string("python3 -c \"import sys\ntry:\n from tensorboard.backend.event_processing."
+                                        "event_accumulator import EventAccumulator\nexcept ImportError:\n sys.exit(77)\n"
+                                        "import glob\nf = glob.glob('") +
+                            out + "/runs/*/events.out.tfevents.*')[0]\na = EventAccumulator(f)\na.Reload()\n"
+                                  "print(' '.join(sorted(a.Tags()['scalars'])))\"";
+  Result tb = run(check);
+  if (tb.code == 77) {
+    std::printf("[ SKIPPED part ] TensorBoard reading: the tensorboard Python package is not installed\n");
+  } else {
+    ASSERT_EQ(tb.code, 0) << tb.out;
+    for (const char* tag : {"train/loss", "train/learning_rate", "eval/loss", "eval/accuracy"})
+      EXPECT_TRUE(has(tb.out, tag)) << tag << " in " << tb.out;
+  }
+
+  // Predictions from the saved directory: one line per example, a known label, probabilities.
+  const std::string test = s.write("test.jsonl", 10, 2);
+  Result p = hone("predict --model_name_or_path " + out + " --test_file " + test +
+                  " --text_column text --max_seq_length 16 --output_dir " + s.dir.path + "/pred");
+  ASSERT_EQ(p.code, 0) << p.out;
+  std::ifstream pf(s.dir.path + "/pred/predictions.jsonl");
+  int lines = 0;
+  for (std::string line; std::getline(pf, line); ++lines) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_TRUE(j["label"] == "positive" || j["label"] == "negative") << line;
+    double sum = 0;
+    for (double x : j["probabilities"]) sum += x;
+    EXPECT_NEAR(sum, 1.0, 1e-6);
+    EXPECT_EQ(j["logits"].size(), 2u);
+  }
+  EXPECT_EQ(lines, 10);
+}
+
+TEST(TextTraining, BadDataIsAClearErrorWithTheLine) {
+  TextSetup s;
+  const std::string train = s.write("train.jsonl", 8, 0), dev = s.dir.path + "/dev.jsonl";
+  std::ofstream(dev) << R"({"text": "the film was good .", "label": "positive"})" "\n"
+                     << R"({"text": "the plot was fine .", "label": "neutral"})" "\n";
+  const std::string base = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
+                           " --text_column text --max_steps 1 --output_dir " + s.dir.path + "/out --train_file ";
+  Result r = hone(base + train + " --validation_file " + dev + " --do_eval");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "dev.jsonl:2")) << r.out;
+  EXPECT_TRUE(has(r.out, "neutral")) << r.out;
+  r = hone(base + train + " --text_column sentence");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "sentence")) << r.out;
+  r = hone(base + train + " --do_eval");  // evaluation without a validation file
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "--validation_file")) << r.out;
+}
+
+TEST(TextTraining, ResumeFromLastContinuesTheRun) {
+  TextSetup s;
+  const std::string train = s.write("train.jsonl", 32, 0), out = s.dir.path + "/out";
+  const std::string base = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
+                           " --train_file " + train + " --text_column text --per_device_train_batch_size 4"
+                           " --num_train_epochs 2 --save_steps 5 --logging_steps 2 --output_dir " + out;
+  Result first = hone(base);
+  ASSERT_EQ(first.code, 0) << first.out;
+  Result again = hone(base + " --resume_from_checkpoint " + checkpoint_path(out, 10));
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(has(again.out, "resumed from")) << again.out;
+  EXPECT_TRUE(has(again.out, "at step 10")) << again.out;
+}
+
+}  // namespace
+}  // namespace hone
