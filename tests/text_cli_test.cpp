@@ -85,7 +85,7 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
                   " --text_column text --max_seq_length 16 --per_device_train_batch_size 8 --learning_rate 3e-3"
                   " --num_train_epochs 3 --eval_strategy epoch --save_strategy epoch --save_total_limit 1"
                   " --load_best_model_at_end --metric_for_best_model accuracy --do_eval --logging_steps 4"
-                  " --report_to tensorboard --dataloader_num_workers 2 --output_dir " + out);
+                  " --report_to tensorboard --dataloader_num_workers 2 --group_by_length --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "'eval_accuracy': ")) << r.out;
   EXPECT_TRUE(has(r.out, "loaded the best model from")) << r.out;
@@ -112,6 +112,14 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
   int evals = 0;
   for (const auto& h : st["log_history"]) evals += h.contains("eval_accuracy");
   EXPECT_EQ(evals, 3);
+  std::ifstream argf(out + "/training_args.json");
+  const nlohmann::json args = nlohmann::json::parse(argf);
+  EXPECT_EQ(args["do_eval"], true);
+  EXPECT_EQ(args["dataloader_pin_memory"], true);
+  EXPECT_EQ(args["eval_strategy"], "epoch");
+  EXPECT_EQ(args["max_seq_length"], 16);
+  EXPECT_EQ(args["learning_rate"], 3e-3);
+  EXPECT_FALSE(args.contains("help"));
 
   // TensorBoard's own reader sees the logged scalars.
   const std::string check = std::string("python3 -c \"import sys\ntry:\n from tensorboard.backend.event_processing."

@@ -25,7 +25,7 @@ CLI::Option* add(CLI::App& app, const std::string& name, T& field, const std::st
 
 void add_bool(CLI::App& app, const std::string& name, bool& field, const std::string& help) {
   // HF booleans take an optional value: --flag, --flag=false and --flag False all work.
-  app.add_flag("--" + name, field, help)->expected(0, 1)->capture_default_str();
+  app.add_flag("--" + name, field, help)->expected(0, 1)->default_str(field ? "true" : "false");
 }
 
 template <typename T>
@@ -126,7 +126,7 @@ nlohmann::ordered_json to_json(const TrainingArguments& a) {
   add_training_arguments(app, copy);
   nlohmann::ordered_json j;
   for (const CLI::Option* o : app.get_options()) {
-    if (o->get_lnames().empty()) continue;
+    if (o->get_lnames().empty() || o->get_lnames().front() == "help") continue;
     const std::string& name = o->get_lnames().front();
     const std::string v = o->get_default_str();
     // Numbers and booleans as JSON values, the rest as strings.
