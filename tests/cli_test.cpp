@@ -16,20 +16,8 @@
 namespace hone {
 namespace {
 
-struct Result {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-Result hone(const std::string& args) {
-  const std::string cmd = std::string("OMP_NUM_THREADS=1 ") + HONE_BINARY + " " + args + " 2>&1";
-  std::FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = test::CommandResult;
+const auto hone = test::run_hone;
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

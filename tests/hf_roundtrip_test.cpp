@@ -16,19 +16,7 @@
 namespace hone {
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& cmd) {
-  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = test::CommandResult;
 
 // Sentence pairs with string labels; a tokenizer.json tokenizer, which the fixtures of
 // the tokenizer tests provide.
@@ -59,21 +47,17 @@ TEST(HuggingFaceRoundTrip, SavedModelGivesHoneLogitsInTransformers) {
   }
   f.close();
   const std::string out = dir.path + "/out", data = dir.path + "/pairs.jsonl";
-  const std::string hone = std::string("OMP_NUM_THREADS=1 ") + HONE_BINARY;
-  Result r = run(hone + " train --model_name_or_path " + dir.path + "/base --tokenizer_name " + tok +
+  Result r = test::run_hone("train --model_name_or_path " + dir.path + "/base --tokenizer_name " + tok +
                  " --train_file " + data + " --text_column premise --text_pair_column hypothesis"
                  " --max_seq_length 24 --per_device_train_batch_size 4 --max_steps 6 --learning_rate 1e-3"
                  " --save_strategy no --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
-  r = run(hone + " predict --model_name_or_path " + out + " --test_file " + data +
+  r = test::run_hone("predict --model_name_or_path " + out + " --test_file " + data +
           " --text_column premise --text_pair_column hypothesis --max_seq_length 24 --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
-  Result check = run("python3 " HONE_SOURCE_DIR "/tools/hf_roundtrip.py " + out + " " + data + " " + out +
-                     "/predictions.jsonl --text_column premise --text_pair_column hypothesis --max_length 24"
-                     " --atol 1e-5");
-  if (check.code == 77) GTEST_SKIP() << check.out;
-  EXPECT_EQ(check.code, 0) << check.out;
-  std::printf("%s", check.out.c_str());
+  HONE_EXPECT_PYTHON_CHECK("python3 " HONE_SOURCE_DIR "/tools/hf_roundtrip.py " + out + " " + data + " " + out +
+                           "/predictions.jsonl --text_column premise --text_pair_column hypothesis --max_length 24"
+                           " --atol 1e-5");
 }
 
 }  // namespace

@@ -166,17 +166,7 @@ TEST(TensorBoardTest, TensorBoardReadsBackScalarsAndText) {
   const std::string expected_path = tmp.path + "/expected.json";
   std::ofstream(expected_path) << expected.dump(2);
   const std::string script = std::string(HONE_FIXTURES_DIR) + "/../read_tensorboard.py";
-  const std::string output_path = tmp.path + "/reader-output.txt";
-  const std::string cmd =
-      "python3 '" + script + "' '" + log_dir + "' '" + expected_path + "' > '" + output_path + "' 2>&1";
-  const int status = std::system(cmd.c_str());
-  const std::string output = read_bytes(output_path);
-  ASSERT_TRUE(WIFEXITED(status)) << cmd << "\n" << output;
-  const int rc = WEXITSTATUS(status);
-  if (rc == 77) GTEST_SKIP() << output;
-  if (rc == 127) GTEST_SKIP() << "python3 is not on PATH: " << output;
-  EXPECT_EQ(rc, 0) << cmd << "\n" << output;
-  std::cout << output;
+  HONE_EXPECT_PYTHON_CHECK("python3 '" + script + "' '" + log_dir + "' '" + expected_path + "'");
 }
 
 }  // namespace

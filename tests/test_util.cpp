@@ -4,7 +4,10 @@
 #include <cmath>
 #include <filesystem>
 #include <random>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 namespace hone::test {
 
@@ -64,5 +67,19 @@ TempDir::~TempDir() {
 }
 
 std::string fixtures_dir() { return HONE_FIXTURES_DIR; }
+
+CommandResult run_command(const std::string& cmd) {
+  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return {-1, "popen failed: " + cmd};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+CommandResult run_hone(const std::string& args) {
+  return run_command(std::string("OMP_NUM_THREADS=1 ") + HONE_BINARY + " " + args);
+}
 
 }  // namespace hone::test

@@ -47,4 +47,24 @@ struct TempDir {
 
 std::string fixtures_dir();
 
+// Runs a shell command; its stdout and stderr together, and its exit code (-1 if it did
+// not exit normally).
+struct CommandResult {
+  int code;
+  std::string out;
+};
+CommandResult run_command(const std::string& cmd);
+// The hone executable with these arguments, on one OpenMP thread.
+CommandResult run_hone(const std::string& args);
+// A Python helper script: skips the test (printing why) when it exits 77 (a package is
+// missing) or python3 is not on PATH; otherwise expects exit 0 and prints its output.
+#define HONE_EXPECT_PYTHON_CHECK(cmd)                                                    \
+  do {                                                                                   \
+    const ::hone::test::CommandResult r_ = ::hone::test::run_command(cmd);               \
+    if (r_.code == 77) GTEST_SKIP() << r_.out;                                           \
+    if (r_.code == 127) GTEST_SKIP() << "python3 is not on PATH: " << r_.out;            \
+    EXPECT_EQ(r_.code, 0) << (cmd) << "\n" << r_.out;                                   \
+    std::printf("%s", r_.out.c_str());                                                   \
+  } while (0)
+
 }  // namespace hone::test

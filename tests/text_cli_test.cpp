@@ -17,21 +17,9 @@ namespace hone {
 namespace {
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& cmd) {
-  std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-Result hone(const std::string& args) { return run(std::string("OMP_NUM_THREADS=1 ") + HONE_BINARY + " " + args); }
+using Result = test::CommandResult;
+const auto run = test::run_command;
+const auto hone = test::run_hone;
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -366,17 +366,7 @@ TEST(TokenizerLive, ParityWithTokenizersPackage) {
     saved += " --saved '" + src + "=" + dest + "'";
   }
   const std::string script = std::string(HONE_FIXTURES_DIR) + "/../tokenizer_parity.py";
-  const std::string output_path = tmp.path + "/parity-output.txt";
-  const std::string cmd = "python3 '" + script + "' '" + HONE_BINARY + "' '" + tokenizer_fixtures() + "'" + saved +
-                          " > '" + output_path + "' 2>&1";
-  const int status = std::system(cmd.c_str());
-  const std::string output = read_text(output_path);
-  ASSERT_TRUE(WIFEXITED(status)) << cmd << "\n" << output;
-  const int rc = WEXITSTATUS(status);
-  if (rc == 77) GTEST_SKIP() << output;
-  if (rc == 127) GTEST_SKIP() << "python3 is not on PATH: " << output;
-  EXPECT_EQ(rc, 0) << cmd << "\n" << output;
-  std::cout << output;
+  HONE_EXPECT_PYTHON_CHECK("python3 '" + script + "' '" + HONE_BINARY + "' '" + tokenizer_fixtures() + "'" + saved);
 }
 
 }  // namespace
