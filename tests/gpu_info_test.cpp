@@ -20,4 +20,14 @@ TEST(GpuInfoWithoutGpu, NoMemoryAndTheReportSaysWhy) {
 }
 
 }  // namespace
+TEST(PeakFlops, KnownPartsAndPrecisions) {
+  EXPECT_EQ(peak_flops("NVIDIA H100 80GB HBM3", "tf32"), 494.7e12);
+  EXPECT_EQ(peak_flops("NVIDIA H100 80GB HBM3", "bf16"), 989.4e12);
+  EXPECT_EQ(peak_flops("NVIDIA H100 PCIe", "fp32"), 51.2e12);
+  EXPECT_EQ(peak_flops("cuda:0 (NVIDIA H200)", "fp16"), 989.4e12);
+  EXPECT_EQ(peak_flops("NVIDIA A100-SXM4-80GB", "tf32"), 156e12);
+  EXPECT_FALSE(peak_flops("NVIDIA GeForce GTX 1080", "fp32"));
+  EXPECT_FALSE(peak_flops("NVIDIA H100 80GB HBM3", "int8"));
+}
+
 }  // namespace hone

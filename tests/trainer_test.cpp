@@ -331,6 +331,27 @@ TEST(TrainerLoop, LearnsAndLogsLikeTrainer) {
   EXPECT_DOUBLE_EQ(m.train_samples_per_second, 48 / m.train_runtime);
 }
 
+TEST(TrainerLoop, TimeSplitAndModelFlops) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingArguments a = small_args(4);
+  a.max_steps = 3;
+  TrainingRun run(a, c, 16, be);
+  init_weights(c, run.model().layout(), run.host_weights(), 1);
+  std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, false);
+  TrainMetrics m = train(run, a, TrainData{*data}, ModelFiles{c}, {});
+  for (StepSpan s : {StepSpan::Forward, StepSpan::Backward, StepSpan::Optimizer})
+    EXPECT_GT(m.spans[size_t(s)], 0) << int(s);
+  EXPECT_LE(m.spans[0] + m.spans[1] + m.spans[2] + m.spans[3], m.train_runtime);
+  EXPECT_DOUBLE_EQ(m.model_flops, 3 * run.model().training_flops(4, 16));
+  // bert-large at 512 tokens: about 1.0 TFLOP per sample, 2 per multiply-add, x3 for
+  // training: 24 layers x (2 (4H^2 + 2HI) + 4SH) per token, and the pooler and classifier.
+  BertForSequenceClassification large(*builtin_config("bert-large-uncased"));
+  const double per_token = 24.0 * (2 * (4.0 * 1024 * 1024 + 2.0 * 1024 * 4096) + 4.0 * 512 * 1024);
+  EXPECT_DOUBLE_EQ(large.training_flops(1, 512), 3 * (512 * per_token + 2 * (1024.0 * 1024 + 1024 * 2)));
+  EXPECT_NEAR(large.training_flops(1, 512), 1.005e12, 1e9);
+}
+
 TEST(TrainerLoop, DivergenceIsAnErrorNotANumber) {
   CpuBackend be;
   const BertConfig c = small_config();

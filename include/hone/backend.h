@@ -6,6 +6,8 @@
 // Conventions: row-major; tensors are F32 unless stated; parameter-gradient outputs
 // (dw, db, dgamma, dbeta, dword, ...) are accumulated (+=) so that gradient accumulation
 // needs no extra pass; other outputs are overwritten.
+#include <array>
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -36,6 +38,12 @@ struct AdamWStep {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// The spans of a training step that backends time: each mark ends the span running and
+// starts the one named.
+enum class StepSpan : uint8_t { Forward, Backward, Optimizer, Other };
+constexpr int kNumStepSpans = 4;
+using SpanSeconds = std::array<double, kNumStepSpans>;
+
 // One parameter range of a multi-tensor AdamW step, with its own weight decay.
 struct AdamWSlice {
   Tensor param, grad, m, v;
@@ -55,6 +63,16 @@ class Backend {
   // memory planner runs the real training code this way.
   bool dry_run = false;
 
+ protected:
+  SpanSeconds span_seconds_{};  // accumulated since the last take_span_seconds
+  StepSpan span_ = StepSpan::Other;
+
+ private:
+  std::chrono::steady_clock::time_point span_start_{};
+  bool span_started_ = false;
+
+ public:
+
   // Memory of this backend's device, for the arenas (the only allocations of a run).
   // allocate throws hone::Error naming the size when the device is out of memory.
   virtual void* allocate(size_t bytes) = 0;
@@ -66,6 +84,12 @@ class Backend {
   // Blocks until every copy queued so far has finished reading its host source, so that
   // a staging buffer can be refilled.
   virtual void wait_for_copies() {}
+
+  // Step timing, for the summary's time split: the wall clock between marks on the CPU;
+  // events on the stream on a GPU, read without stalling it. No-ops in a dry run.
+  virtual void mark(StepSpan s);
+  // Seconds in each span since the last call; waits for queued work first.
+  virtual SpanSeconds take_span_seconds();
   // Waits for queued work (a no-op on the CPU); used before host reads and timing.
   virtual void synchronize() {}
 

@@ -92,6 +92,12 @@ class BertForSequenceClassification {
   // steps). If logits_out is not null, the logits are copied there (host, B x labels).
   void forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
                         float grad_scale, Tensor& loss, float* logits_out = nullptr);
+  // Model FLOPs of one training step on batch x seq tokens: 3x the forward pass (backward
+  // costs two), counting 2 per multiply-add of every product. Per token and layer:
+  // 2(4H^2 + 2HI) for the projections and the FFN, 4SH for attention scores and context;
+  // per sequence the pooler and classifier. Recomputation is not model work and is not
+  // counted, which is what makes the utilisation "model" FLOPs utilisation (MFU).
+  double training_flops(int batch, int seq) const;
   // Inference: the same forward pass without dropout, keeping nothing for a backward
   // pass (each layer's buffers are released once the next layer has read them).
   void forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const ForwardOutputs& out);

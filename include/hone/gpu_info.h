@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace hone {
 
@@ -25,5 +26,10 @@ std::optional<GpuMemory> gpu_memory(int cuda_device);
 // For `hone env`: every GPU with its versions, memory and the hone features it supports,
 // or the reason no GPU is usable.
 std::string gpu_environment_report();
+
+// Dense peak matrix throughput of a GPU, in FLOP/s, for "fp32" (no tensor cores), "tf32",
+// "bf16" or "fp16", from NVIDIA's datasheets (SXM parts at boost clock); nullopt for a GPU
+// that is not in the table. `gpu_name` is the CUDA device name, e.g. "NVIDIA H100 80GB HBM3".
+std::optional<double> peak_flops(std::string_view gpu_name, std::string_view precision);
 
 }  // namespace hone

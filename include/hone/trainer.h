@@ -23,7 +23,9 @@ namespace hone {
 
 struct TrainMetrics {
   double train_runtime = 0, train_samples_per_second = 0, train_steps_per_second = 0, train_loss = 0, epoch = 0;
-  double total_flos = 0;
+  double total_flos = 0;   // Trainer's estimate, 6 x non-embedding parameters x tokens
+  double model_flops = 0;  // this process's steps, by BertForSequenceClassification::training_flops
+  SpanSeconds spans{};     // this process's time in forward, backward, optimizer and the rest
   int64_t global_step = 0;
   nlohmann::ordered_json to_json() const;
 };

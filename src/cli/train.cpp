@@ -189,6 +189,26 @@ int train_command(const TrainingArguments& a) {
   summary["train_loss"] = m.train_loss;
   summary["epoch"] = m.epoch;
   fmt::print("{}\n", python_dict(summary));
+  {
+    const SpanSeconds& sp = m.spans;
+    const double total = sp[0] + sp[1] + sp[2] + sp[3];
+    auto pct = [&](double x) { return total > 0 ? 100 * x / total : 0.0; };
+    fmt::print("time split ({}): forward {:.2f} s ({:.0f}%), backward {:.2f} s ({:.0f}%), optimizer {:.2f} s ({:.0f}%), "
+               "other {:.2f} s ({:.0f}%)\n",
+               be.device() == Device::CUDA ? "GPU time between CUDA events" : "wall clock",
+               sp[0], pct(sp[0]), sp[1], pct(sp[1]), sp[2], pct(sp[2]), sp[3], pct(sp[3]));
+    const double achieved = m.model_flops / m.train_runtime;
+    const std::string precision = a.tf32 ? "tf32" : "fp32";
+    const std::optional<double> peak =
+        be.device() == Device::CUDA ? peak_flops(be.name(), precision) : std::nullopt;
+    std::string mfu = "no peak figure for this device";
+    if (peak) {
+      metrics["mfu"] = achieved / *peak;
+      mfu = fmt::format("MFU {:.1f}% of the {:.1f} TFLOP/s {} peak", 100 * achieved / *peak, *peak / 1e12, precision);
+    }
+    fmt::print("model FLOPs: {:.3g} TFLOP in {:.1f} s = {:.3g} TFLOP/s (counted as bert.h's training_flops says); {}\n",
+               m.model_flops / 1e12, m.train_runtime, achieved / 1e12, mfu);
+  }
   const fs::path out(a.output_dir);
   write_file_atomic((out / "train_results.json").string(), metrics.dump(4) + "\n");
   nlohmann::ordered_json all = metrics;

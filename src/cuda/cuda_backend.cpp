@@ -37,12 +37,15 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
   HONE_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  for (cudaEvent_t& e : mark_events_) HONE_CUDA_CHECK(cudaEventCreate(&e));
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors must not throw: errors here are ignored (the process is ending the run).
   if (stream_) cudaStreamSynchronize(stream_);
   if (copied_) cudaEventDestroy(copied_);
+  for (cudaEvent_t e : mark_events_)
+    if (e) cudaEventDestroy(e);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -75,6 +78,35 @@ void* CudaBackend::allocate_host(size_t bytes) {
 }
 
 void CudaBackend::deallocate_host(void* p) noexcept { cudaFreeHost(p); }
+
+void CudaBackend::mark(StepSpan s) {
+  if (dry_run) return;
+  if (marks_recorded_ - marks_read_ == kMarkRing) read_marks(marks_read_ + 1);  // the oldest, long done
+  const int i = int(marks_recorded_ % kMarkRing);
+  HONE_CUDA_CHECK(cudaEventRecord(mark_events_[i], stream_));
+  mark_spans_[i] = s;
+  ++marks_recorded_;
+}
+
+void CudaBackend::read_marks(int64_t upto) {
+  for (; marks_read_ < upto && marks_read_ + 1 < marks_recorded_; ++marks_read_) {
+    const int i = int(marks_read_ % kMarkRing), j = int((marks_read_ + 1) % kMarkRing);
+    HONE_CUDA_CHECK(cudaEventSynchronize(mark_events_[j]));
+    float ms = 0;
+    HONE_CUDA_CHECK(cudaEventElapsedTime(&ms, mark_events_[i], mark_events_[j]));
+    span_seconds_[size_t(mark_spans_[i])] += double(ms) / 1e3;
+  }
+}
+
+SpanSeconds CudaBackend::take_span_seconds() {
+  if (marks_recorded_ > 0) {
+    mark(mark_spans_[(marks_recorded_ - 1) % kMarkRing]);  // closes the running span, which goes on
+    read_marks(marks_recorded_ - 1);
+  }
+  SpanSeconds out = span_seconds_;
+  span_seconds_ = {};
+  return out;
+}
 
 void CudaBackend::wait_for_copies() { HONE_CUDA_CHECK(cudaEventSynchronize(copied_)); }
 

@@ -28,6 +28,8 @@ class CudaBackend final : public Backend {
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* p) noexcept override;
   void wait_for_copies() override;
+  void mark(StepSpan s) override;
+  SpanSeconds take_span_seconds() override;
   void synchronize() override;
 
   void fill(Tensor& x, float value) override;
@@ -98,6 +100,13 @@ class CudaBackend final : public Backend {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t copied_ = nullptr;  // recorded after each copy from the host
+  // Step marks: a ring of timing events, each span read once the next mark has passed,
+  // so reading never waits for recent work.
+  static constexpr int kMarkRing = 256;
+  cudaEvent_t mark_events_[kMarkRing] = {};
+  StepSpan mark_spans_[kMarkRing] = {};
+  int64_t marks_recorded_ = 0, marks_read_ = 0;
+  void read_marks(int64_t upto);  // accumulates the spans of marks [marks_read_, upto)
   cublasLtHandle_t lt_ = nullptr;
   void* gemm_workspace_ = nullptr;
 

@@ -134,6 +134,14 @@ Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, 
   return t;
 }
 
+double BertForSequenceClassification::training_flops(int batch, int seq) const {
+  const double H = cfg_.hidden_size, I = cfg_.intermediate_size, L = cfg_.num_hidden_layers, S = seq;
+  const double tokens = double(batch) * seq;
+  const double per_token = L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H);
+  const double per_sequence = 2 * (H * H + H * cfg_.num_labels);  // pooler and classifier
+  return 3 * (tokens * per_token + batch * per_sequence);
+}
+
 DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float p, int site) const {
   return {d.training ? p : 0.0f, d.seed, (d.step << 12) | uint64_t(site)};
 }
@@ -257,6 +265,7 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   else
     ops::cross_entropy(be, logits, batch.labels, grad_scale, loss, dlogits);
   mem.release(logits);
+  be.mark(StepSpan::Backward);
 
   // ---------------- backward
   take_grads(be, mem, L + 1);

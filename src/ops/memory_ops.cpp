@@ -48,6 +48,23 @@ void* Backend::allocate_host(size_t bytes) {
 
 void Backend::deallocate_host(void* p) noexcept { std::free(p); }
 
+void Backend::mark(StepSpan s) {
+  if (dry_run) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (span_started_) span_seconds_[size_t(span_)] += std::chrono::duration<double>(now - span_start_).count();
+  span_start_ = now;
+  span_started_ = true;
+  span_ = s;
+}
+
+SpanSeconds Backend::take_span_seconds() {
+  synchronize();
+  mark(span_);  // closes the running span, which goes on
+  SpanSeconds out = span_seconds_;
+  span_seconds_ = {};
+  return out;
+}
+
 void CpuBackend::fill(Tensor& x, float value) {
   float* p = x.f32();
   const int64_t n = x.numel();

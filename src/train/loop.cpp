@@ -101,6 +101,8 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
   };
 
   bool stopped = false;
+  double model_flops = 0;
+  run.backend().take_span_seconds();  // the time split counts this run's steps
   for (int64_t epoch = st.global_step / sc.updates_per_epoch; epoch < sc.epochs && st.global_step < sc.total_updates;
        ++epoch) {
     const std::vector<int64_t> order = a.group_by_length ? length_grouped_order(lengths, B, a.seed, epoch)
@@ -120,6 +122,7 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
       for (int64_t k = 0; k < window; ++k) {
         const Batch* b = loader.next();
         st.tokens += int64_t(b->rows) * b->seq;
+        model_flops += run.model().training_flops(b->rows, b->seq);
         run.micro_step(*b, 1.0f / float(window), uint64_t(st.micro_steps++));
       }
       run.optimizer_step(learning_rate_at(a, st.global_step, sc.total_updates), st.global_step + 1);
@@ -160,6 +163,8 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
   }
 
   TrainMetrics m;
+  m.spans = run.backend().take_span_seconds();
+  m.model_flops = model_flops;
   m.train_runtime = std::chrono::duration<double>(clock::now() - start).count();
   m.global_step = st.global_step;
   m.train_loss = st.global_step > 0 ? st.total_loss / double(st.global_step) : 0.0;

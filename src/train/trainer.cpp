@@ -15,6 +15,10 @@ nlohmann::ordered_json TrainMetrics::to_json() const {
   j["total_flos"] = total_flos;
   j["train_loss"] = train_loss;
   j["epoch"] = epoch;
+  j["train_forward_seconds"] = spans[size_t(StepSpan::Forward)];
+  j["train_backward_seconds"] = spans[size_t(StepSpan::Backward)];
+  j["train_optimizer_seconds"] = spans[size_t(StepSpan::Optimizer)];
+  j["model_flops"] = model_flops;
   return j;
 }
 
@@ -229,6 +233,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   // Step-scoped gradients live until the optimizer step: both run in one phase.
   HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
   mem.begin_phase(Phase::MicroStep);
+  be_.mark(StepSpan::Forward);
   BatchTensors b = upload(mem, ids, mask, types, labels, true, batch, seq);
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
   model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true}, grad_scale, loss, logits_out);
@@ -262,6 +267,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   } else {
     mem.begin_phase(Phase::OptimizerStep);
   }
+  be_.mark(StepSpan::Optimizer);
   const auto& groups = model_->layout().groups();
   Tensor& weights = model_->weights();
   grad_list_.clear();
@@ -289,6 +295,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   } else {
     for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
   }
+  be_.mark(StepSpan::Other);
   mem.end_phase();
 }
 

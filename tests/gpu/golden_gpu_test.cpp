@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "golden.h"
@@ -152,6 +153,34 @@ TEST(GpuMemory, StepsAllocateNothing) {
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
   EXPECT_EQ(Arena::allocation_count(), arenas);
   EXPECT_EQ(free_after, free_before);
+}
+
+// The time split reads CUDA events: every span of the steps is seen, none is negative,
+// and together they take no longer than the steps did on the host's clock.
+TEST(GpuTiming, SpansCoverTheSteps) {
+  SKIP_WITHOUT_GPU();
+  auto cuda = make_cuda_backend({});
+  const BertConfig c = dropout_config();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  TrainingRun run(a, c, 32, *cuda, GradientMemory::StepScoped);
+  std::vector<float> w(size_t(run.model().layout().count()));
+  init_weights(c, run.model().layout(), w.data(), 3);
+  run.write_weights(w.data());
+  std::vector<int32_t> ids(128, 2000), mask(128, 1), types(128, 0);
+  std::vector<float> labels = {0, 1, 1, 0};
+  cuda->take_span_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  for (int k = 0; k < 300; ++k) {  // more marks than the event ring holds
+    run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 4, 1.0f, uint64_t(k));
+    run.optimizer_step(1e-4, k + 1);
+  }
+  const SpanSeconds sp = cuda->take_span_seconds();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (StepSpan s : {StepSpan::Forward, StepSpan::Backward, StepSpan::Optimizer}) EXPECT_GT(sp[size_t(s)], 0);
+  EXPECT_GE(sp[size_t(StepSpan::Other)], 0);
+  EXPECT_LE(sp[0] + sp[1] + sp[2] + sp[3], wall * 1.01);
+  EXPECT_GT(sp[1], sp[0]);  // backward costs more than forward
 }
 
 // Dynamic padding on the GPU: batches shorter than the planned sequence (and not a
