@@ -140,6 +140,14 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
     EXPECT_EQ(j["logits"].size(), 2u);
   }
   EXPECT_EQ(lines, 10);
+  EXPECT_TRUE(has(p.out, "'predict_accuracy': ")) << p.out;  // the test file has labels
+  // Labels the model does not know: predictions without metrics, and a notice.
+  std::ofstream(s.dir.path + "/other.jsonl") << R"({"text": "the plot was fine .", "label": "neutral"})" "\n";
+  p = hone("predict --model_name_or_path " + out + " --test_file " + s.dir.path +
+           "/other.jsonl --text_column text --output_dir " + s.dir.path + "/pred2");
+  ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_TRUE(has(p.out, "predicting without metrics")) << p.out;
+  EXPECT_FALSE(has(p.out, "'predict_accuracy'")) << p.out;
 }
 
 TEST(TextTraining, BadDataIsAClearErrorWithTheLine) {

@@ -14,11 +14,11 @@
 namespace hone::cli {
 
 int predict_command(const TrainingArguments& a) {
-  RunInputs in = prepare_inputs(a, false, false, true);
-  const BertConfig& cfg = in.model.config;
-  if (in.model.weights_path.empty())
+  if (resolve_model(a.model_name_or_path).weights_path.empty())
     fail("--model_name_or_path {}: predictions need trained weights (a directory with model.safetensors)",
          a.model_name_or_path);
+  RunInputs in = prepare_inputs(a, false, false, true);
+  const BertConfig& cfg = in.model.config;
   std::unique_ptr<Backend> be = make_backend(a);
   TrainingRun run(a, cfg, in.seq_len, *be, GradientMemory::Persistent,
                   RunPhases{false, a.per_device_eval_batch_size});

@@ -92,16 +92,18 @@ RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_
                                             in.seq_len, true);
   if (read_test) {
     if (a.test_file.empty()) fail("hone predict needs a --test_file");
-    // Labels are optional here; where every row has one, predict also reports metrics.
-    TextTable table;
+    // Labels are optional here: where every row has one of the model's labels, predict
+    // also reports metrics; otherwise it predicts without them.
     try {
-      table = read_text_table(a.test_file, cols, true);
+      in.test = std::make_unique<TextDataset>(read_text_table(a.test_file, cols, true), in.tokenizer, in.labels,
+                                              in.seq_len, true);
       in.test_has_labels = true;
-    } catch (const Error&) {
-      table = read_text_table(a.test_file, cols, false);
+    } catch (const Error& e) {
+      if (!in.labels.regression && std::string_view(e.what()).find("unknown label") != std::string_view::npos)
+        fmt::print("notice: {}; predicting without metrics\n", e.what());
+      in.test = std::make_unique<TextDataset>(read_text_table(a.test_file, cols, false), in.tokenizer, in.labels,
+                                              in.seq_len, false);
     }
-    in.test = std::make_unique<TextDataset>(std::move(table), in.tokenizer, in.labels, in.seq_len,
-                                            in.test_has_labels);
   }
   return in;
 }
