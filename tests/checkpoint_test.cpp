@@ -195,7 +195,9 @@ TEST(Checkpoint, AKillMidSaveLeavesThePreviousCheckpointLoadable) {
   ASSERT_FALSE(all.empty());
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with("checkpoint-")) EXPECT_TRUE(fs::exists(e.path() / "trainer_state.json")) << name;
+    if (name.starts_with("checkpoint-")) {
+      EXPECT_TRUE(fs::exists(e.path() / "trainer_state.json")) << name;
+    }
   }
   TrainingArguments a;
   a.per_device_train_batch_size = 1;

@@ -28,11 +28,7 @@ std::string write_model(const std::string& dir, int vocab = 30522) {
   c.hidden_size = 32;
   c.intermediate_size = 48;
   c.max_position_embeddings = 64;
-  ParamLayout layout(c);
-  std::vector<float> w(size_t(layout.count()));
-  init_weights(c, layout, w.data(), 1);
-  save_pretrained(dir, c, layout, w.data());
-  return dir;
+  return test::save_random_model(dir, c, 1);
 }
 
 TEST(Cli, TrainsAndWritesWhatTrainerWrites) {

@@ -28,10 +28,7 @@ TEST(HuggingFaceRoundTrip, SavedModelGivesHoneLogitsInTransformers) {
   c.hidden_size = 32;
   c.num_attention_heads = 4;
   c.intermediate_size = 64;
-  ParamLayout layout(c);
-  std::vector<float> w(size_t(layout.count()));
-  init_weights(c, layout, w.data(), 3);
-  save_pretrained(dir.path + "/base", c, layout, w.data());
+  test::save_random_model(dir.path + "/base", c, 3);
   const char* texts[][2] = {{"A man is playing a guitar.", "Someone plays music."},
                             {"The cat sleeps on the sofa.", "A dog barks loudly at night."},
                             {"Crème brûlée for dessert!", "They ordered a French dessert."},

@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "hone/weights.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -67,6 +69,14 @@ TempDir::~TempDir() {
 }
 
 std::string fixtures_dir() { return HONE_FIXTURES_DIR; }
+
+std::string save_random_model(const std::string& dir, const BertConfig& c, uint64_t seed) {
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), seed);
+  save_pretrained(dir, c, layout, w.data());
+  return dir;
+}
 
 CommandResult run_command(const std::string& cmd) {
   std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");

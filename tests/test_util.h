@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "hone/config.h"
 #include "hone/tensor.h"
 
 namespace hone::test {
@@ -46,6 +47,10 @@ struct TempDir {
 };
 
 std::string fixtures_dir();
+
+// A model directory as transformers writes it (config.json, model.safetensors), with
+// weights initialised from `seed`; returns dir.
+std::string save_random_model(const std::string& dir, const BertConfig& c, uint64_t seed);
 
 // Runs a shell command; its stdout and stderr together, and its exit code (-1 if it did
 // not exit normally).

@@ -43,10 +43,7 @@ struct TextSetup {
     c.hidden_size = 16;
     c.intermediate_size = 32;
     c.max_position_embeddings = 32;
-    ParamLayout layout(c);
-    std::vector<float> w(size_t(layout.count()));
-    init_weights(c, layout, w.data(), 1);
-    save_pretrained(model, c, layout, w.data());
+    test::save_random_model(model, c, 1);
   }
   // Sentiment by the adjective: learnable from one token.
   std::string write(const std::string& name, int n, int offset) const {
@@ -147,7 +144,57 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
            "/other.jsonl --text_column text --output_dir " + s.dir.path + "/pred2");
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_TRUE(has(p.out, "predicting without metrics")) << p.out;
+  EXPECT_TRUE(has(p.out, "negative, positive")) << p.out;
   EXPECT_FALSE(has(p.out, "'predict_accuracy'")) << p.out;
+}
+
+// Numbers with a fraction make a regression; evaluation every 2 steps; a checkpoint only
+// when the evaluation improves on the best MSE so far.
+TEST(TextTraining, RegressionWithStepEvaluationAndBestCheckpoints) {
+  TextSetup s;
+  auto write = [&](const std::string& name, int n) {
+    std::ofstream f(s.dir.path + "/" + name);
+    for (int i = 0; i < n; ++i)
+      f << nlohmann::json{{"text", i % 2 ? "the film was great ." : "the plot was awful ."},
+                          {"label", i % 2 ? 4.5 : 1.25}}.dump()
+        << "\n";
+    return s.dir.path + "/" + name;
+  };
+  const std::string train = write("train.jsonl", 32), dev = write("dev.jsonl", 8), out = s.dir.path + "/out";
+  const std::string args = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
+                           " --train_file " + train + " --validation_file " + dev +
+                           " --text_column text --per_device_train_batch_size 4 --max_steps 8 --learning_rate 1e-2"
+                           " --eval_strategy steps --eval_steps 2 --save_strategy best --metric_for_best_model mse"
+                           " --logging_steps 2 --output_dir " + out;
+  // The model's classifier has two outputs; a regression needs one, as transformers says.
+  Result r = hone(args);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "classifier.weight") && has(r.out, "--ignore_mismatched_sizes")) << r.out;
+  r = hone(args + " --ignore_mismatched_sizes");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "initialised anew: ['classifier.weight', 'classifier.bias']")) << r.out;
+  const BertConfig c = BertConfig::load(out + "/config.json");
+  EXPECT_EQ(c.num_labels, 1);
+  EXPECT_EQ(c.problem_type, "regression");
+  std::ifstream stf(out + "/trainer_state.json");
+  const nlohmann::json st = nlohmann::json::parse(stf);
+  // Every evaluation, and a checkpoint exactly at each step whose MSE beat all before it.
+  std::vector<int64_t> improved;
+  double best = 1e300;
+  for (const auto& h : st["log_history"]) {
+    if (!h.contains("eval_mse")) continue;
+    EXPECT_TRUE(h.contains("eval_pearson") && h.contains("eval_spearman"));
+    if (h["eval_mse"].get<double>() < best) {
+      best = h["eval_mse"].get<double>();
+      improved.push_back(h["step"].get<int64_t>());
+    }
+  }
+  ASSERT_FALSE(improved.empty());
+  std::vector<int64_t> saved;
+  for (const auto& [step, path] : list_checkpoints(out)) saved.push_back(step);
+  EXPECT_EQ(saved, improved);
+  EXPECT_EQ(st["best_metric"].get<double>(), best);
+  EXPECT_EQ(st["best_model_checkpoint"], checkpoint_path(out, improved.back()));
 }
 
 TEST(TextTraining, BadDataIsAClearErrorWithTheLine) {

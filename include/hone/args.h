@@ -20,6 +20,7 @@ struct TrainingArguments {
   std::string label_column = "label";
   int max_seq_length = 128;
   std::string tokenizer_name;    // default: the model directory
+  bool ignore_mismatched_sizes = false;  // checkpoint tensors of another shape are initialised anew
   bool group_by_length = false;
   int dataloader_num_workers = 0;
   bool dataloader_pin_memory = true;

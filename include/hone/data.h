@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -153,7 +154,9 @@ struct LabelSpace {
   // labels (strings, or sparse or negative integers by value) are sorted (as run_glue does).
   // Throws when there are no labels.
   static LabelSpace infer(const TextTable& train);
-  // A label's id (or value, for regression); an unknown label is an error naming where.
+  // A label's id (or value, for regression); nullopt for a label outside the set.
+  std::optional<float> find(const std::string& label) const;
+  // The same, where an unknown label is an error naming where.
   float encode(const std::string& label, const std::string& where) const;
 };
 

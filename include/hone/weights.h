@@ -19,14 +19,16 @@ void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights
 struct LoadReport {
   std::vector<std::string> initialized;  // parameters the file lacked, newly initialised
   std::vector<std::string> unused;       // tensors in the file that the model does not use
+  std::vector<std::string> mismatched;   // of `initialized`, those the file has in another shape
 };
 
 // Reads `path` (a model.safetensors) into `weights`. Accepts transformers' names, names
 // without the "bert." prefix (a BertModel checkpoint) and the legacy LayerNorm
-// gamma/beta. A tensor whose shape differs from the config's is an error naming both.
-// Missing parameters are initialised as init_weights does and listed in the report.
+// gamma/beta. A tensor whose shape differs from the config's is an error naming both,
+// unless ignore_mismatched_sizes (transformers' flag of that name): then it is treated as
+// missing. Missing parameters are initialised as init_weights does and listed in the report.
 LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
-                        uint64_t seed);
+                        uint64_t seed, bool ignore_mismatched_sizes = false);
 
 // What --model_name_or_path names: a directory with config.json (and model.safetensors),
 // or a built-in configuration with random weights.

@@ -14,9 +14,6 @@
 namespace hone::cli {
 
 int predict_command(const TrainingArguments& a) {
-  if (resolve_model(a.model_name_or_path).weights_path.empty())
-    fail("--model_name_or_path {}: predictions need trained weights (a directory with model.safetensors)",
-         a.model_name_or_path);
   RunInputs in = prepare_inputs(a, false, false, true);
   const BertConfig& cfg = in.model.config;
   std::unique_ptr<Backend> be = make_backend(a);

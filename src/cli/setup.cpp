@@ -1,6 +1,9 @@
 #include "cli/setup.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <omp.h>
 
 #include "hone/cpu_backend.h"
@@ -47,7 +50,8 @@ void apply_labels(const LabelSpace& s, BertConfig& c) {
 }  // namespace
 
 RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
-  RunInputs in{resolve_model(a.model_name_or_path)};
+  RunInputs in;
+  in.model = resolve_model(a.model_name_or_path);
   BertConfig& cfg = in.model.config;
   const bool text = !a.train_file.empty() || (read_test && !a.test_file.empty()) ||
                     (!read_train && read_eval && !a.validation_file.empty());
@@ -64,6 +68,9 @@ RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_
     return in;
   }
 
+  if (read_test && in.model.weights_path.empty())
+    fail("--model_name_or_path {}: predictions need trained weights (a directory with model.safetensors)",
+         a.model_name_or_path);
   const std::string tok_dir = a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name;
   if (in.model.weights_path.empty() && a.tokenizer_name.empty())
     fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
@@ -94,16 +101,19 @@ RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_
     if (a.test_file.empty()) fail("hone predict needs a --test_file");
     // Labels are optional here: where every row has one of the model's labels, predict
     // also reports metrics; otherwise it predicts without them.
+    TextTable table;
     try {
-      in.test = std::make_unique<TextDataset>(read_text_table(a.test_file, cols, true), in.tokenizer, in.labels,
-                                              in.seq_len, true);
-      in.test_has_labels = true;
-    } catch (const Error& e) {
-      if (!in.labels.regression && std::string_view(e.what()).find("unknown label") != std::string_view::npos)
-        fmt::print("notice: {}; predicting without metrics\n", e.what());
-      in.test = std::make_unique<TextDataset>(read_text_table(a.test_file, cols, false), in.tokenizer, in.labels,
-                                              in.seq_len, false);
+      table = read_text_table(a.test_file, cols, true);
+    } catch (const Error&) {
+      table = read_text_table(a.test_file, cols, false);  // no label column: the real error, if any, again
     }
+    in.test_has_labels = !table.labels.empty() &&
+                         std::all_of(table.labels.begin(), table.labels.end(),
+                                     [&](const std::string& l) { return in.labels.find(l).has_value(); });
+    if (!table.labels.empty() && !in.test_has_labels)
+      fmt::print("notice: {} has labels that are not the model's ({}); predicting without metrics\n", a.test_file,
+                 in.labels.regression ? "not numbers" : fmt::format("{}", fmt::join(in.labels.names, ", ")));
+    in.test = std::make_unique<TextDataset>(std::move(table), in.tokenizer, in.labels, in.seq_len, in.test_has_labels);
   }
   return in;
 }

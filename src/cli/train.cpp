@@ -105,13 +105,16 @@ int train_command(const TrainingArguments& a) {
                "nothing. Pass a directory with config.json and model.safetensors for pretrained weights.\n",
                in.model.name, a.seed);
   } else {
-    LoadReport r = load_weights(in.model.weights_path, cfg, layout, host.data(), a.seed);
+    LoadReport r = load_weights(in.model.weights_path, cfg, layout, host.data(), a.seed, a.ignore_mismatched_sizes);
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
       for (const auto& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
       return "[" + s + "]";
     };
-    if (!r.initialized.empty())
+    if (!r.mismatched.empty())
+      fmt::print("notice: of another shape in {}, so initialised anew: {}\n", in.model.weights_path,
+                 list(r.mismatched));
+    if (r.initialized.size() > r.mismatched.size())
       fmt::print("notice: newly initialised, not in {}: {}\n", in.model.weights_path, list(r.initialized));
     if (!r.unused.empty()) fmt::print("notice: unused tensors of {}: {}\n", in.model.weights_path, list(r.unused));
   }
@@ -199,13 +202,13 @@ int train_command(const TrainingArguments& a) {
                sp[0], pct(sp[0]), sp[1], pct(sp[1]), sp[2], pct(sp[2]), sp[3], pct(sp[3]));
     const double achieved = m.model_flops / m.train_runtime;
     const std::string precision = a.tf32 ? "tf32" : "fp32";
-    const std::optional<double> peak =
-        be.device() == Device::CUDA ? peak_flops(be.name(), precision) : std::nullopt;
     std::string mfu = "no peak figure for this device";
-    if (peak) {
-      metrics["mfu"] = achieved / *peak;
-      mfu = fmt::format("MFU {:.1f}% of the {:.1f} TFLOP/s {} peak", 100 * achieved / *peak, *peak / 1e12, precision);
-    }
+    if (be.device() == Device::CUDA)
+      if (const std::optional<double> peak = peak_flops(be.name(), precision)) {
+        metrics["mfu"] = achieved / *peak;
+        mfu = fmt::format("MFU {:.1f}% of the {:.1f} TFLOP/s {} peak", 100 * achieved / *peak, *peak / 1e12,
+                          precision);
+      }
     fmt::print("model FLOPs: {:.3g} TFLOP in {:.1f} s = {:.3g} TFLOP/s (counted as bert.h's training_flops says); {}\n",
                m.model_flops / 1e12, m.train_runtime, achieved / 1e12, mfu);
   }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -90,11 +91,10 @@ LabelSpace LabelSpace::infer(const TextTable& train) {
   return s;
 }
 
-float LabelSpace::encode(const std::string& label, const std::string& where) const {
+std::optional<float> LabelSpace::find(const std::string& label) const {
   if (regression) {
     double v;
-    if (!parse_number(label, v)) fail("{}: the label \"{}\" is not a number, and the task is a regression", where, label);
-    if (!std::isfinite(v)) fail("{}: the label \"{}\" is not a finite number", where, label);
+    if (!parse_number(label, v) || !std::isfinite(v)) return std::nullopt;
     return float(v);
   }
   for (size_t i = 0; i < names.size(); ++i)
@@ -104,6 +104,12 @@ float LabelSpace::encode(const std::string& label, const std::string& where) con
   if (parse_int(label, v))
     for (size_t i = 0; i < names.size(); ++i)
       if (parse_int(names[i], w) && w == v) return float(i);
+  return std::nullopt;
+}
+
+float LabelSpace::encode(const std::string& label, const std::string& where) const {
+  if (std::optional<float> id = find(label)) return *id;
+  if (regression) fail("{}: the label \"{}\" is not a finite number, and the task is a regression", where, label);
   fail("{}: unknown label \"{}\"; the training labels are {}", where, label, name_list(names));
 }
 

@@ -65,7 +65,7 @@ void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights
 }
 
 LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
-                        uint64_t seed) {
+                        uint64_t seed, bool ignore_mismatched_sizes) {
   SafetensorsFile file(path);
   LoadReport report;
   std::set<std::string> loaded;
@@ -79,11 +79,16 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
     const ParamEntry& e = layout.at(name);
     bool same = int(t.shape.size()) == e.shape.rank;
     for (int i = 0; same && i < e.shape.rank; ++i) same = t.shape[i] == e.shape[i];
+    if (!same && ignore_mismatched_sizes) {
+      report.mismatched.push_back(name);  // initialised below, with the missing ones
+      continue;
+    }
     if (!same) {
       std::string got = "[";
       for (size_t i = 0; i < t.shape.size(); ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
-      fail("{}: tensor '{}' has shape {}] but the model's config.json needs {}", path, t.name, got,
-           e.shape.str());
+      fail("{}: tensor '{}' has shape {}] but the model's config.json needs {} (for a new label set, "
+           "--ignore_mismatched_sizes initialises such tensors anew)",
+           path, t.name, got, e.shape.str());
     }
     if (!loaded.insert(name).second) fail("{}: parameter '{}' appears twice (as '{}')", path, name, t.name);
     file.read_f32(t, weights + e.offset, e.shape.numel());

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "hone/cpu_backend.h"
+#include "hone/memory.h"
 #include "hone/ops.h"
 #include "ops/op_util.h"
 
@@ -30,23 +31,19 @@ void copy(Backend& be, const Tensor& src, Tensor& dst) {
 
 CpuBackend::CpuBackend() { openblas_set_num_threads(1); }
 
-void* CpuBackend::allocate(size_t bytes) {
-  constexpr size_t kAlign = 256;
-  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-  if (!p) fail("out of host memory: could not allocate {:.1f} MiB", double(bytes) / (1 << 20));
-  return p;
-}
-
-void CpuBackend::deallocate(void* p) noexcept { std::free(p); }
-
+// Host memory aligned for the arenas' 256-byte buffer alignment (and so for SIMD).
 void* Backend::allocate_host(size_t bytes) {
-  constexpr size_t kAlign = 64;
-  void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  void* p = std::aligned_alloc(kBufferAlignment, (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment);
   if (!p) fail("out of host memory: could not allocate {:.1f} MiB", double(bytes) / (1 << 20));
   return p;
 }
 
 void Backend::deallocate_host(void* p) noexcept { std::free(p); }
+
+// The CPU's device memory is host memory.
+void* CpuBackend::allocate(size_t bytes) { return Backend::allocate_host(bytes); }
+
+void CpuBackend::deallocate(void* p) noexcept { Backend::deallocate_host(p); }
 
 void Backend::mark(StepSpan s) {
   if (dry_run) return;

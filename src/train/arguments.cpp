@@ -63,6 +63,8 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add(app, "label_column", a.label_column, "Column of the label (class name, class id or number)");
   add(app, "max_seq_length", a.max_seq_length, "Longest tokenized input; longer ones are truncated");
   add(app, "tokenizer_name", a.tokenizer_name, "Tokenizer directory (default: the model directory)");
+  add_bool(app, "ignore_mismatched_sizes", a.ignore_mismatched_sizes,
+           "Initialise anew the checkpoint's tensors of another shape (a classifier for other labels)");
   add_bool(app, "group_by_length", a.group_by_length, "Batch examples of similar length together");
   add(app, "dataloader_num_workers", a.dataloader_num_workers,
       "Threads preparing batches ahead of the step (0: in the training thread)");

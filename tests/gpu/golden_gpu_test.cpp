@@ -123,33 +123,48 @@ TEST(GpuParity, CheckpointFromGpuGivesSameLogitsOnCpu) {
   EXPECT_LT(test::max_rel_error(lg, lc, 4, 1e-3), 1e-5);
 }
 
-// After a warm-up step, steps take no memory: no arena allocation and no change in the
-// device's free memory (which would catch a library allocating behind our back). With
-// step-scoped gradients, as the CLI runs without accumulation.
-TEST(GpuMemory, StepsAllocateNothing) {
-  SKIP_WITHOUT_GPU();
-  auto cuda = make_cuda_backend({});
-  const BertConfig c = dropout_config();
-  TrainingArguments a;
-  a.per_device_train_batch_size = 4;
-  TrainingRun run(a, c, 32, *cuda, GradientMemory::StepScoped);
-  std::vector<float> w(size_t(run.model().layout().count()));
-  init_weights(c, run.model().layout(), w.data(), 3);
-  run.write_weights(w.data());
-  std::vector<int32_t> ids(128, 2000), mask(128, 1), types(128, 0);
+// A small step-scoped run on the GPU (as the CLI runs without accumulation) and one
+// fixed batch, for the memory and timing tests.
+struct GpuSteps {
+  std::unique_ptr<Backend> cuda = make_cuda_backend({});
+  BertConfig c = dropout_config();
+  TrainingArguments a = batch_of(4);
+  TrainingRun run{a, c, 32, *cuda, GradientMemory::StepScoped};
+  std::vector<int32_t> ids = std::vector<int32_t>(128, 2000), mask = std::vector<int32_t>(128, 1),
+                       types = std::vector<int32_t>(128, 0);
   std::vector<float> labels = {0, 1, 1, 0};
-  auto step = [&](int k) {
+  GpuSteps() {
+    std::vector<float> w(size_t(run.model().layout().count()));
+    init_weights(c, run.model().layout(), w.data(), 3);
+    run.write_weights(w.data());
+  }
+  static TrainingArguments batch_of(int b) {
+    TrainingArguments t;
+    t.per_device_train_batch_size = b;
+    return t;
+  }
+  void step(int k) {
     run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 4, 1.0f, uint64_t(k));
     run.optimizer_step(1e-4, k + 1);
-    run.take_loss_sum();
+  }
+};
+
+// After a warm-up step, steps take no memory: no arena allocation and no change in the
+// device's free memory (which would catch a library allocating behind our back).
+TEST(GpuMemory, StepsAllocateNothing) {
+  SKIP_WITHOUT_GPU();
+  GpuSteps g;
+  auto step = [&](int k) {
+    g.step(k);
+    g.run.take_loss_sum();
   };
   step(0);
   size_t free_before = 0, free_after = 0, total = 0;
-  cuda->synchronize();
+  g.cuda->synchronize();
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
   const int64_t arenas = Arena::allocation_count();
   for (int k = 1; k < 4; ++k) step(k);
-  cuda->synchronize();
+  g.cuda->synchronize();
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
   EXPECT_EQ(Arena::allocation_count(), arenas);
   EXPECT_EQ(free_after, free_before);
@@ -159,23 +174,11 @@ TEST(GpuMemory, StepsAllocateNothing) {
 // and together they take no longer than the steps did on the host's clock.
 TEST(GpuTiming, SpansCoverTheSteps) {
   SKIP_WITHOUT_GPU();
-  auto cuda = make_cuda_backend({});
-  const BertConfig c = dropout_config();
-  TrainingArguments a;
-  a.per_device_train_batch_size = 4;
-  TrainingRun run(a, c, 32, *cuda, GradientMemory::StepScoped);
-  std::vector<float> w(size_t(run.model().layout().count()));
-  init_weights(c, run.model().layout(), w.data(), 3);
-  run.write_weights(w.data());
-  std::vector<int32_t> ids(128, 2000), mask(128, 1), types(128, 0);
-  std::vector<float> labels = {0, 1, 1, 0};
-  cuda->take_span_seconds();
+  GpuSteps g;
+  g.cuda->take_span_seconds();
   const auto start = std::chrono::steady_clock::now();
-  for (int k = 0; k < 300; ++k) {  // more marks than the event ring holds
-    run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 4, 1.0f, uint64_t(k));
-    run.optimizer_step(1e-4, k + 1);
-  }
-  const SpanSeconds sp = cuda->take_span_seconds();
+  for (int k = 0; k < 300; ++k) g.step(k);  // more marks than the event ring holds
+  const SpanSeconds sp = g.cuda->take_span_seconds();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (StepSpan s : {StepSpan::Forward, StepSpan::Backward, StepSpan::Optimizer}) EXPECT_GT(sp[size_t(s)], 0);
   EXPECT_GE(sp[size_t(StepSpan::Other)], 0);
