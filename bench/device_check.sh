@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build for its GPU, run every test (CPU and GPU labels),
-# then the seed benchmark against HF Trainer. Usage: bench/device_check.sh HF_TRAINER_BENCH.py
+# then the seed benchmark against HF Trainer, and with HONE_MIXED_BENCH=1 the mixed-precision one
+# (bench/mixed_bench.sh; its CONFIGS picks the configurations). Usage: bench/device_check.sh HF_TRAINER_BENCH.py
 set -uo pipefail
 hf_script=$1
 out=$(realpath -m "${OUT:-bench-out}")
@@ -19,3 +20,4 @@ grep -E "tests passed|tests failed|\(Failed\)|\(SEGFAULT\)|\(Timeout\)" "$out/ct
 build-bench/tests/gpu/hone_gpu_tests --gtest_filter='Fixtures*' 2>&1 | grep -E "^\[bert_|Failure|Expected|actual|^bert|^class" | head -30
 bash bench/text_check.sh build-bench "$out"
 bash bench/seed_bench.sh "$hf_script" "$out"
+if [ -n "${HONE_MIXED_BENCH:-}" ]; then bash bench/mixed_bench.sh "$hf_script" "$out"; fi

@@ -5,13 +5,14 @@ import csv
 import sys
 from collections import defaultdict
 
-KINDS = [("matrix products (cuBLAS/cuBLASLt)", ("gemm", "xmma", "cutlass", "sm90_", "sm80_", "splitk", "reduce_")),
+KINDS = [("attention (cuDNN fused flash)", ("fmha", "sdpa", "flash", "cudnn", "fused_lengths", "zero_padded")),
+         ("matrix products (cuBLAS/cuBLASLt)", ("gemm", "xmma", "cutlass", "sm90_", "sm80_", "splitk", "reduce_")),
          ("attention softmax", ("softmax",)),
          ("layernorm", ("layernorm",)),
          ("optimizer (AdamW, norm)", ("adamw", "sum_squares", "clip")),
          ("embeddings", ("embedding", "first_token")),
          ("element-wise (dropout, GELU, tanh, add, fill)", ("dropout", "activation", "gelu", "tanh", "fill",
-                                                            "add_scaled", "column_sum", "loss", "entropy", "mse"))]
+                                                            "add_scaled", "column_sum", "loss", "entropy", "mse", "cast"))]
 
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 header = rows[0]

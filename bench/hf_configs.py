@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""The peer's HF Trainer bench with the mixed-precision configurations it lacks.
+
+Usage: python3 bench/hf_configs.py HF_TRAINER_BENCH.py NAME            (one run; prints one JSON line)
+       python3 bench/hf_configs.py HF_TRAINER_BENCH.py all OUTFILE [NAME...]
+       python3 bench/hf_configs.py HF_TRAINER_BENCH.py list            (the configuration names)
+
+HF_TRAINER_BENCH.py is the peer's script (not part of hone, never copied or changed): it is
+imported by path, its CONFIGS dict gains the entries below (existing names are left as the
+peer wrote them), and a run is the peer's own run_one(NAME). `all` does what the peer's
+`all` does (one fresh process per configuration, the last JSON line of each appended to
+OUTFILE), except that each child is this wrapper, so it sees the added configurations too,
+and that a child which times out gives an error line instead of ending the loop.
+N_SAMPLES (read by run_one) and the rest of the environment pass to the children.
+HF_TIMEOUT: seconds per child (default 300, the peer's).
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+# HF's best settings (tf32 + fused AdamW) in fp16 too; bf16 has them in the peer's CONFIGS.
+EXTRA_CONFIGS = {
+    "fp16_fused_bs4": dict(per_device_train_batch_size=4, fp16=True, tf32=True, optim="adamw_torch_fused"),
+    "fp16_fused_bs8": dict(per_device_train_batch_size=8, fp16=True, tf32=True, optim="adamw_torch_fused"),
+    "fp16_fused_bs32": dict(per_device_train_batch_size=32, fp16=True, tf32=True, optim="adamw_torch_fused",
+                            dataloader_pin_memory=True),
+}
+
+
+def load_peer(path):
+    sys.dont_write_bytecode = True  # no __pycache__ beside the peer's script
+    spec = importlib.util.spec_from_file_location("hf_trainer_bench", path)
+    if spec is None or spec.loader is None:
+        sys.exit(f"hf_configs.py: cannot import {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # the peer's main block does not run: __name__ is not "__main__"
+    for name, overrides in EXTRA_CONFIGS.items():
+        mod.CONFIGS.setdefault(name, overrides)
+    return mod
+
+
+def run_all(peer_path, configs, outfile, names):
+    timeout = float(os.environ.get("HF_TIMEOUT", "300"))
+    me = os.path.abspath(__file__)
+    for name in names or list(configs):
+        try:
+            p = subprocess.run([sys.executable, me, peer_path, name], capture_output=True, text=True, timeout=timeout)
+            line = [l for l in p.stdout.splitlines() if l.startswith("{")]
+            rec = json.loads(line[-1]) if line else {"name": name, "error": p.stderr[-1500:] or f"exit {p.returncode}"}
+        except subprocess.TimeoutExpired:
+            rec = {"name": name, "error": f"timed out after {timeout:g} s"}
+        except json.JSONDecodeError as e:
+            rec = {"name": name, "error": f"unreadable JSON line: {e}"}
+        rec.setdefault("n_samples", int(os.environ.get("N_SAMPLES", "512")))
+        with open(outfile, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    peer_path = os.path.abspath(argv[1])
+    peer = load_peer(peer_path)
+    cmd = argv[2]
+    if cmd == "list":
+        print("\n".join(peer.CONFIGS))
+    elif cmd == "all":
+        if len(argv) < 4:
+            sys.exit(__doc__)
+        unknown = [n for n in argv[4:] if n not in peer.CONFIGS]
+        if unknown:
+            sys.exit(f"hf_configs.py: unknown configurations {unknown}; known: {list(peer.CONFIGS)}")
+        run_all(peer_path, peer.CONFIGS, argv[3], argv[4:])
+    else:
+        if cmd not in peer.CONFIGS:
+            sys.exit(f"hf_configs.py: unknown configuration {cmd!r}; known: {list(peer.CONFIGS)}")
+        peer.run_one(cmd)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

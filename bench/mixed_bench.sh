@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Mixed precision, hone vs Hugging Face Trainer (tf32 + adamw_torch_fused, its best), in one
+# call on one GPU, at steady state (thousands of samples of 512 tokens, bert-large-uncased,
+# one epoch). Prints a markdown table (bench/mixed_table.py) with the targets met or missed.
+# Usage: bench/mixed_bench.sh HF_TRAINER_BENCH.py [OUT_DIR]
+#   HF_TRAINER_BENCH.py is the peer's script (carried beside the tree, git-ignored; not part of
+#   hone): bench/hf_configs.py imports it and adds the fp16 fused configurations it lacks.
+# Environment:
+#   CONFIGS        configurations to run, bs<B>_<bf16|fp16>
+#                  (default "bs4_bf16 bs4_fp16 bs8_bf16 bs32_bf16"); HF runs <prec>_fused_bs<B>
+#   MIXED_N        samples for every configuration; else MIXED_N_SMALL for B < 32
+#                  (default 2048) and MIXED_N_LARGE for B >= 32 (default 4096)
+#   HONE_FLAGS     more flags for `hone train` (e.g. --tf32)
+#   HONE_TIMEOUT   seconds per hone run (default 300); HF_TIMEOUT the same for HF (default 300)
+#   SKIP_HF=1      hone only (the HF columns read "not run")
+# Results go to OUT_DIR/mixed: hone_<cfg>/train_results.json, hone_<cfg>.log, hf_<cfg>.jsonl,
+# hf_<cfg>.log, table.md. One configuration failing leaves "error" in its row; the rest run.
+set -uo pipefail
+hf_script=$(realpath -m "$1")
+out=$(realpath -m "${2:-bench-out}")/mixed
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p "$out"
+configs=${CONFIGS:-bs4_bf16 bs4_fp16 bs8_bf16 bs32_bf16}
+for cfg in $configs; do
+  [[ $cfg =~ ^bs[0-9]+_(bf16|fp16)$ ]] || { echo "mixed_bench: bad configuration '$cfg' (want bs<B>_bf16 or bs<B>_fp16)"; exit 2; }
+done
+[ -n "${SKIP_HF:-}" ] || [ -f "$hf_script" ] || { echo "mixed_bench: no HF script at $hf_script"; exit 2; }
+
+# Build for this GPU into build-bench (reused when already configured, e.g. by device_check.sh).
+if [ ! -f build-bench/build.ninja ]; then
+  if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
+    for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
+    HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
+  fi
+  cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+    ${HONE_CMAKE_FLAGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+fi
+ninja -C build-bench hone >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
+
+for cfg in $configs; do
+  b=${cfg%%_*}; b=${b#bs}
+  prec=${cfg#*_}
+  if [ -n "${MIXED_N:-}" ]; then n=$MIXED_N
+  elif [ "$b" -ge 32 ]; then n=${MIXED_N_LARGE:-4096}
+  else n=${MIXED_N_SMALL:-2048}; fi
+  echo "== $cfg: batch $b, $prec, $n samples"
+
+  # hone. A stale train_results.json must not pass for this run's.
+  rm -rf "$out/hone_$cfg"
+  timeout "${HONE_TIMEOUT:-300}" build-bench/hone train --model_name_or_path bert-large-uncased \
+    --dataset "synthetic:${n}x512" --save_strategy no --per_device_train_batch_size "$b" --num_train_epochs 1 \
+    --disable_tqdm --output_dir "$out/hone_$cfg" "--$prec" ${HONE_FLAGS:-} >"$out/hone_$cfg.log" 2>&1
+  rc=$?
+  rm -f "$out/hone_$cfg/model.safetensors"  # 1.3 GB that the table does not need
+  if [ $rc -ne 0 ]; then
+    echo "hone $cfg failed (exit $rc):"; tail -15 "$out/hone_$cfg.log"
+    rm -f "$out/hone_$cfg/train_results.json"
+  else
+    grep -E "^model FLOPs|^time split" "$out/hone_$cfg.log"
+  fi
+
+  # HF Trainer, one fresh process (hf_configs.py records a failure as an "error" line).
+  rm -f "$out/hf_$cfg.jsonl" "$out/hf_$cfg.log"
+  if [ -z "${SKIP_HF:-}" ]; then
+    N_SAMPLES=$n python3 bench/hf_configs.py "$hf_script" all "$out/hf_$cfg.jsonl" "${prec}_fused_bs$b" \
+      >"$out/hf_$cfg.log" 2>&1 || { echo "HF $cfg: wrapper failed:"; tail -15 "$out/hf_$cfg.log"; }
+  fi
+done
+
+python3 bench/mixed_table.py "$out" $configs | tee "$out/table.md"
