@@ -64,6 +64,30 @@ TEST(Cli, EstimatePrintsTheAnatomyOfTheSeedRun) {
   EXPECT_TRUE(has(r.out, "batch 4 x 512 tokens")) << r.out;
 }
 
+// A bf16 run's plan, made anywhere (the CPU only plans it): fp32 master weights, the
+// half-precision copy the model reads, and activations at 2 bytes.
+TEST(Cli, EstimatePlansMixedPrecision) {
+  Result fp32 = hone("estimate --model_name_or_path bert-large-uncased --per_device_train_batch_size 4 --device cpu");
+  Result bf16 =
+      hone("estimate --model_name_or_path bert-large-uncased --per_device_train_batch_size 4 --device cpu --bf16");
+  ASSERT_EQ(fp32.code, 0) << fp32.out;
+  ASSERT_EQ(bf16.code, 0) << bf16.out;
+  EXPECT_FALSE(has(fp32.out, "master weights")) << fp32.out;
+  EXPECT_TRUE(has(bf16.out, "master weights")) << bf16.out;
+  EXPECT_TRUE(has(bf16.out, "bf16")) << bf16.out;
+  // 335,143,938 parameters: 4 bytes each as master weights, 2 as the bf16 copy (each
+  // rounded up to the 256-byte buffer alignment).
+  EXPECT_TRUE(has(bf16.out, "1,340,576,000")) << bf16.out;
+  EXPECT_TRUE(has(bf16.out, "670,288,128")) << bf16.out;
+}
+
+TEST(Cli, MixedPrecisionNeedsAGpuToTrain) {
+  if (cuda_available(nullptr)) GTEST_SKIP() << "a GPU is present: the CPU refusal is not reachable with --device auto";
+  Result r = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --bf16 --output_dir /tmp/unused");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(has(r.out, "--bf16 needs a CUDA GPU")) << r.out;
+}
+
 TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
   test::TempDir tmp;
   struct Case {

@@ -6,6 +6,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <string>
 #include <vector>
@@ -163,7 +164,18 @@ TEST(OpsLinear, WrapperNamesOpTensorAndShapes) {
   EXPECT_THROW(ops::linear_forward(be, x.t, w_bad.t, nullptr, y8.t), Error);
   HostTensor xi(DType::I32, {4, 3});
   EXPECT_EQ(error_of([&] { ops::linear_forward(be, xi.t, w.t, nullptr, y8.t); }),
-            "linear_forward: x has dtype I32, expected F32");
+            "linear_forward: x has dtype I32, expected F32, BF16 or F16");
+  // Half precision is for the GPU; the reference says so rather than misreading bytes.
+  HostTensor xh(DType::BF16, {4, 3}), wh(DType::BF16, {8, 3}), yh(DType::BF16, {4, 8});
+  EXPECT_EQ(error_of([&] { ops::linear_forward(be, xh.t, wh.t, nullptr, yh.t); }),
+            "linear_forward: x is BF16, but the CPU backend computes in F32 only (mixed precision needs a GPU)");
+  EXPECT_EQ(error_of([&] { ops::linear_forward(be, xh.t, w.t, nullptr, yh.t); }),
+            "linear_forward: x is BF16, but the CPU backend computes in F32 only (mixed precision needs a GPU)");
+  be.dry_run = true;  // plans of GPU runs are made anywhere: only the dtypes must agree
+  ops::linear_forward(be, xh.t, wh.t, nullptr, yh.t);
+  EXPECT_EQ(error_of([&] { ops::linear_forward(be, xh.t, w.t, nullptr, yh.t); }),
+            "linear_forward: w has dtype F32, expected BF16");
+  be.dry_run = false;
   HostTensor dw = filled({8, 4}, 0.0f);
   EXPECT_THROW(ops::linear_backward(be, y8.t, x.t, w.t, nullptr, false, dw.t, nullptr), Error);
 }
@@ -178,7 +190,7 @@ struct AttentionCase {
   HostTensor stats{DType::F32, {2, 3, 5, 2}};
   HostTensor ctx{DType::F32, {10, 12}};
   HostTensor work;
-  explicit AttentionCase(const Backend& be) : work(DType::F32, {be.attention_workspace_elems(d)}) {}
+  explicit AttentionCase(const Backend& be) : work(DType::F32, {be.attention_workspace_elems(d, DType::F32)}) {}
 };
 
 // stats [B, heads, S, {max, 1 / sum}] and ctx [B*S, H] computed in double from the definition.
@@ -255,7 +267,7 @@ TEST(OpsAttention, BackwardMatchesFiniteDifferences) {
     };
     loss();
     HostTensor dqkv = filled({10, 36}, 5.0f);
-    ops::attention_backward(be, r.t, c.qkv.t, c.mask.t, c.stats.t, c.d, drop, dqkv.t, c.work.t);
+    ops::attention_backward(be, r.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.d, drop, dqkv.t, c.work.t);
     expect_grad("dqkv, p = " + std::to_string(p), dqkv.f(), numeric_grad(c.qkv, loss, 1e-2f));
   }
 }
@@ -263,7 +275,7 @@ TEST(OpsAttention, BackwardMatchesFiniteDifferences) {
 TEST(OpsAttention, WrapperChecksShapesAndWorkspace) {
   CpuBackend be;
   AttentionCase c(be);
-  HostTensor small(DType::F32, {be.attention_workspace_elems(c.d) - 1});
+  HostTensor small(DType::F32, {be.attention_workspace_elems(c.d, DType::F32) - 1});
   EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.ctx.t, small.t), Error);
   HostTensor fmask = filled({2, 5}, 1.0f);
   EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, fmask.t, c.d, {}, c.stats.t, c.ctx.t, c.work.t); }),
@@ -500,7 +512,7 @@ TEST(OpsLoss, CrossEntropyMatchesReferenceAndFiniteDifferences) {
   const float scale = 0.5f;
   HostTensor logits = random({4, 5}, 1, -2.0f, 2.0f), labels = ints({4}, {1, -100, 4, 0});
   HostTensor loss(DType::F32, {1}), dlogits = filled({4, 5}, 3.0f);
-  ops::cross_entropy(be, logits.t, labels.t, scale, loss.t, dlogits.t);
+  ops::cross_entropy(be, logits.t, labels.t, scale, nullptr, loss.t, dlogits.t);
   double want = 0;
   for (int r : {0, 2, 3}) {
     double z = 0;
@@ -510,7 +522,7 @@ TEST(OpsLoss, CrossEntropyMatchesReferenceAndFiniteDifferences) {
   EXPECT_NEAR(loss.f()[0], want, 1e-6 * want);
   HostTensor scratch_loss(DType::F32, {1}), scratch_grad(DType::F32, {4, 5});
   auto f = [&] {
-    ops::cross_entropy(be, logits.t, labels.t, scale, scratch_loss.t, scratch_grad.t);
+    ops::cross_entropy(be, logits.t, labels.t, scale, nullptr, scratch_loss.t, scratch_grad.t);
     return double(scratch_loss.f()[0]) * scale;
   };
   expect_grad("dlogits", dlogits.f(), numeric_grad(logits, f, 1e-2f));
@@ -521,11 +533,11 @@ TEST(OpsLoss, CrossEntropyEdgeCases) {
   CpuBackend be;
   HostTensor logits = random({2, 3}, 1), loss = filled({1}, 7.0f), dlogits = filled({2, 3}, 7.0f);
   HostTensor ignored = ints({2}, {-100, -100});
-  ops::cross_entropy(be, logits.t, ignored.t, 1.0f, loss.t, dlogits.t);
+  ops::cross_entropy(be, logits.t, ignored.t, 1.0f, nullptr, loss.t, dlogits.t);
   EXPECT_EQ(loss.f()[0], 0.0f);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(dlogits.f()[i], 0.0f);
   HostTensor bad = ints({2}, {0, 3});
-  EXPECT_EQ(error_of([&] { ops::cross_entropy(be, logits.t, bad.t, 1.0f, loss.t, dlogits.t); }),
+  EXPECT_EQ(error_of([&] { ops::cross_entropy(be, logits.t, bad.t, 1.0f, nullptr, loss.t, dlogits.t); }),
             "cross_entropy: label 3 of row 1 is out of range for 3 classes");
 }
 
@@ -533,26 +545,26 @@ TEST(OpsLoss, MseMatchesReferenceAndFiniteDifferences) {
   CpuBackend be;
   for (Shape s : {Shape{5, 1}, Shape{5}}) {
     HostTensor pred = random(s, 1), target = random({5}, 2), loss(DType::F32, {1}), dpred(DType::F32, s);
-    ops::mse(be, pred.t, target.t, 2.0f, loss.t, dpred.t);
+    ops::mse(be, pred.t, target.t, 2.0f, nullptr, loss.t, dpred.t);
     double want = 0;
     for (int i = 0; i < 5; ++i) want += std::pow(double(pred.f()[i]) - target.f()[i], 2) / 5;
     EXPECT_NEAR(loss.f()[0], want, 1e-6 * want);
     HostTensor scratch_loss(DType::F32, {1}), scratch_grad(DType::F32, s);
     auto f = [&] {
-      ops::mse(be, pred.t, target.t, 2.0f, scratch_loss.t, scratch_grad.t);
+      ops::mse(be, pred.t, target.t, 2.0f, nullptr, scratch_loss.t, scratch_grad.t);
       return 2.0 * scratch_loss.f()[0];
     };
     expect_grad("dpred", dpred.f(), numeric_grad(pred, f));
   }
   HostTensor pred = random({5, 2}, 1), target = random({5}, 2), loss(DType::F32, {1}), dpred(DType::F32, {5, 2});
-  EXPECT_THROW(ops::mse(be, pred.t, target.t, 1.0f, loss.t, dpred.t), Error);
+  EXPECT_THROW(ops::mse(be, pred.t, target.t, 1.0f, nullptr, loss.t, dpred.t), Error);
 }
 
 // ---------------------------------------------------------------------------- optimizer
 
 TEST(OpsOptimizer, SumSquaresAccumulatesAndClipCoefficient) {
   CpuBackend be;
-  HostTensor a = filled({3}, 2.0f), sumsq = filled({1}, 0.0f), coef(DType::F32, {2});
+  HostTensor a = filled({3}, 2.0f), sumsq = filled({1}, 0.0f), coef(DType::F32, {kNormCoefSize});
   a.f()[0] = 1;                              // 9
   HostTensor b = filled({1000}, 0.5f);       // 250
   ops::sum_squares(be, a.t, sumsq.t);
@@ -576,7 +588,7 @@ TEST(OpsOptimizer, SumSquaresAccumulatesAndClipCoefficient) {
 TEST(OpsOptimizer, AdamWTwoStepsMatchHandComputedReference) {
   CpuBackend be;
   const int n = 7;
-  HostTensor p = random({n}, 1), m = filled({n}, 0.0f), v = filled({n}, 0.0f), coef = filled({2}, 0.0f);
+  HostTensor p = random({n}, 1), m = filled({n}, 0.0f), v = filled({n}, 0.0f), coef = test::norm_coef(0.0f);
   std::vector<double> rp(p.f(), p.f() + n), rm(n, 0.0), rv(n, 0.0);
   // The float hyperparameters AdamWStep carries, widened.
   const double lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
@@ -608,7 +620,7 @@ TEST(OpsOptimizer, TensorListsEqualOneCallPerTensor) {
   std::vector<HostTensor> p, g, m, v, p1, m1, v1;
   std::vector<AdamWSlice> slices;
   std::vector<Tensor> grads;
-  HostTensor coef = filled({2}, 0.7f);
+  HostTensor coef = test::norm_coef(0.7f);
   for (int t = 0; t < count; ++t) {
     const int64_t n = 1 + t * 3;
     p.push_back(random({n}, uint64_t(t)));
@@ -642,10 +654,65 @@ TEST(OpsOptimizer, AdamWFirstStepMovesByLearningRate) {
   CpuBackend be;
   HostTensor p = filled({2}, 1.0f), g = filled({2}, 0.0f), m = filled({2}, 0.0f), v = filled({2}, 0.0f);
   g.f()[0] = 3.0f, g.f()[1] = -0.01f;
-  HostTensor coef = filled({2}, 1.0f);
+  HostTensor coef = test::norm_coef(1.0f);
   ops::adamw(be, p.t, g.t, m.t, v.t, {0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, 1}, coef.t);
   EXPECT_NEAR(p.f()[0], 0.95f - 0.1f, 1e-6);
   EXPECT_NEAR(p.f()[1], 0.95f + 0.1f, 1e-5);
+}
+
+// GradScaler's semantics on the reference: gradients come in multiplied by the scale;
+// the norm and the coefficient undo it; an overflow flags the step and halves the scale;
+// growth_interval clean steps double it.
+TEST(OpsOptimizer, ClipCoefficientUnscalesAndUpdatesTheLossScale) {
+  CpuBackend be;
+  const LossScaling ls{65536.0f, 2.0f, 0.5f, 2};
+  HostTensor coef(DType::F32, {kNormCoefSize}), scaler = filled({kScalerSize}, 0.0f);
+  scaler.f()[0] = 4.0f;
+  HostTensor sumsq = filled({1}, 16.0f);  // scaled norm 4: true norm 1
+  ops::clip_coefficient(be, sumsq.t, 0.5f, coef.t, &scaler.t, ls);
+  EXPECT_FLOAT_EQ(coef.f()[0], 1.0f);
+  EXPECT_FLOAT_EQ(coef.f()[1], float(0.5 / (1.0 + 1e-6) / 4.0));
+  EXPECT_EQ(coef.f()[2], 0.0f);
+  EXPECT_EQ(scaler.f()[0], 4.0f);  // one clean step of two
+  EXPECT_EQ(scaler.f()[1], 1.0f);
+  ops::clip_coefficient(be, sumsq.t, 10.0f, coef.t, &scaler.t, ls);
+  EXPECT_FLOAT_EQ(coef.f()[1], 0.25f);  // no clipping: just the unscaling
+  EXPECT_EQ(scaler.f()[0], 8.0f);       // the second: the scale grows
+  EXPECT_EQ(scaler.f()[1], 0.0f);
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    HostTensor overflow = filled({1}, bad);
+    scaler.f()[1] = 1.0f;
+    const float before = scaler.f()[0];
+    ops::clip_coefficient(be, overflow.t, 1.0f, coef.t, &scaler.t, ls);
+    EXPECT_EQ(coef.f()[2], 1.0f) << bad;
+    EXPECT_EQ(scaler.f()[0], before / 2) << bad;
+    EXPECT_EQ(scaler.f()[1], 0.0f) << bad;
+  }
+  // Without a scaler a non-finite norm is not a skip: it reaches the loss, as in fp32 torch.
+  HostTensor overflow = filled({1}, std::numeric_limits<float>::infinity());
+  ops::clip_coefficient(be, overflow.t, 1.0f, coef.t);
+  EXPECT_EQ(coef.f()[2], 0.0f);
+}
+
+TEST(OpsOptimizer, AdamWSkipsAFlaggedStepAndWritesTheHalfCopy) {
+  CpuBackend be;
+  const int n = 9;
+  HostTensor p = random({n}, 1), g = random({n}, 2), m = filled({n}, 0.0f), v = filled({n}, 0.0f);
+  const std::vector<float> p0(p.f(), p.f() + n);
+  std::vector<uint16_t> half(n, 0);
+  AdamWSlice slice{p.t, g.t, m.t, v.t, 0.01, Tensor{half.data(), DType::BF16, {n}, Device::CPU}};
+  HostTensor coef = test::norm_coef(1.0f);
+  coef.f()[2] = 1.0f;  // skipped
+  ops::adamw(be, &slice, 1, {.lr = 0.1, .step = 1}, coef.t);
+  EXPECT_EQ(std::vector<float>(p.f(), p.f() + n), p0);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(m.f()[i], 0.0f);
+  EXPECT_EQ(half, std::vector<uint16_t>(n, 0));
+  coef.f()[2] = 0.0f;
+  ops::adamw(be, &slice, 1, {.lr = 0.1, .step = 1}, coef.t);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NE(p.f()[i], p0[size_t(i)]);
+    EXPECT_EQ(half[size_t(i)], float_to_bf16(p.f()[i])) << i;
+  }
 }
 
 // ---------------------------------------------------------------------------- dry run
@@ -658,7 +725,7 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
   HostTensor dw = filled({5, 3}, 7.0f);
   ops::linear_backward(be, y.t, x.t, w.t, nullptr, false, dw.t, nullptr);
   ops::fill(be, y.t, 1.0f);
-  HostTensor p = filled({3}, 7.0f), m = filled({3}, 7.0f), v = filled({3}, 7.0f), coef = filled({2}, 1.0f);
+  HostTensor p = filled({3}, 7.0f), m = filled({3}, 7.0f), v = filled({3}, 7.0f), coef = test::norm_coef(1.0f);
   ops::adamw(be, p.t, p.t, m.t, v.t, {0.1f}, coef.t);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(y.f()[i], 7.0f);
   for (int i = 0; i < 15; ++i) EXPECT_EQ(dw.f()[i], 7.0f);
@@ -667,9 +734,9 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
   AttentionDims d{2, 5, 3, 4, 0.5f};
   Tensor qkv{nullptr, DType::F32, {10, 36}}, mask{nullptr, DType::I32, {2, 5}};
   Tensor stats{nullptr, DType::F32, {2, 3, 5, 2}}, ctx{nullptr, DType::F32, {10, 12}};
-  Tensor work{nullptr, DType::F32, {be.attention_workspace_elems(d)}};
+  Tensor work{nullptr, DType::F32, {be.attention_workspace_elems(d, DType::F32)}};
   ops::attention_forward(be, qkv, mask, d, {0.1f, 1, 2}, stats, ctx, work);
-  ops::attention_backward(be, ctx, qkv, mask, stats, d, {0.1f, 1, 2}, qkv, work);
+  ops::attention_backward(be, ctx, qkv, ctx, mask, stats, d, {0.1f, 1, 2}, qkv, work);
   Tensor ids{nullptr, DType::I32, {10}}, word{nullptr, DType::F32, {50, 12}}, pos{nullptr, DType::F32, {8, 12}};
   Tensor type{nullptr, DType::F32, {2, 12}};
   ops::embedding_forward(be, ids, ids, word, pos, type, 5, ctx);

@@ -35,6 +35,12 @@ HostTensor filled(Shape s, float value) {
   return h;
 }
 
+HostTensor norm_coef(float value) {
+  HostTensor h = filled({kNormCoefSize}, value);
+  h.f()[2] = 0.0f;
+  return h;
+}
+
 double max_rel_error(const float* a, const float* b, int64_t n, double floor) {
   double worst = 0;
   for (int64_t i = 0; i < n; ++i)

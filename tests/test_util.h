@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "hone/backend.h"
 #include "hone/config.h"
 #include "hone/tensor.h"
 
@@ -32,6 +33,8 @@ void fill_uniform(HostTensor& h, uint64_t seed, float lo = -1.0f, float hi = 1.0
 // New F32 host tensors: uniform random, or every element `value`.
 HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 HostTensor filled(Shape s, float value);
+// A clip_coefficient output (F32 [kNormCoefSize]) with norm and coefficient `value` and no skip.
+HostTensor norm_coef(float value);
 
 // max |a - b| / max(|b|, floor) over all elements; the floor keeps near-zero
 // references from dominating.

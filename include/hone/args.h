@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "hone/dtype.h"
+
 namespace hone {
 
 struct TrainingArguments {
@@ -61,6 +63,10 @@ struct TrainingArguments {
   bool logging_first_step = false;
   bool disable_tqdm = false;
   bool tf32 = false;  // TF32 tensor cores for fp32 matrix products (CUDA); off by default, as in HF
+  // Mixed precision (CUDA): fp32 master weights and optimizer state, half-precision
+  // products and activations. fp16 adds dynamic loss scaling as torch.amp.GradScaler.
+  bool bf16 = false;
+  bool fp16 = false;
   // hone-specific
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // CPU threads; 0 = all cores
@@ -78,6 +84,10 @@ TrainingArguments parse_training_arguments(const std::vector<std::string>& argv)
 // Checks values (positive batch size, rates in range, known scheduler/optimizer names,
 // the --dataset spec) and throws hone::Error naming the offending flag.
 void validate(const TrainingArguments& a);
+
+// F32, or BF16 / F16 under --bf16 / --fp16: the dtype of activations and of the weights
+// the model reads.
+DType compute_dtype(const TrainingArguments& a);
 
 // Every argument by its flag name, as training_args.json holds them.
 nlohmann::ordered_json to_json(const TrainingArguments& a);

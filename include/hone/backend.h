@@ -3,9 +3,16 @@
 // shapes and dispatch here. A backend implements every op; the CPU backend (fp32, BLAS
 // + OpenMP) is the reference that every other backend is tested against.
 //
-// Conventions: row-major; tensors are F32 unless stated; parameter-gradient outputs
-// (dw, db, dgamma, dbeta, dword, ...) are accumulated (+=) so that gradient accumulation
-// needs no extra pass; other outputs are overwritten.
+// Conventions: row-major; parameter-gradient outputs (dw, db, dgamma, dbeta, dword, ...)
+// are accumulated (+=) so that gradient accumulation needs no extra pass; other outputs
+// are overwritten.
+//
+// Dtypes: activations, weights as the model reads them, and every tensor an op computes
+// from them share the run's compute dtype: F32, or BF16 / F16 under mixed precision (the
+// CUDA backend only; the CPU reference is F32). Whatever the compute dtype, these stay
+// F32: row statistics (mean, rstd, attention stats), losses and targets, parameter
+// gradients (dw, db, dgamma, dbeta, dword, dpos, dtype) and optimizer state. Element-wise
+// math inside a kernel is F32 in every case; half precision is a storage format.
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -44,11 +51,28 @@ enum class StepSpan : uint8_t { Forward, Backward, Optimizer, Other };
 constexpr int kNumStepSpans = 4;
 using SpanSeconds = std::array<double, kNumStepSpans>;
 
-// One parameter range of a multi-tensor AdamW step, with its own weight decay.
+// One parameter range of a multi-tensor AdamW step, with its own weight decay. param, grad,
+// m and v are F32. Under mixed precision `half` (BF16 or F16, the same shape) receives the
+// updated parameter rounded to nearest even, in the same pass; data == nullptr: none.
 struct AdamWSlice {
   Tensor param, grad, m, v;
   double weight_decay = 0;
+  Tensor half;
 };
+
+// Dynamic loss scaling for fp16, as torch.amp.GradScaler: the scale grows by
+// growth_factor after growth_interval consecutive steps with finite gradients and is
+// multiplied by backoff_factor after a step whose gradients hold an inf or NaN (that step
+// is skipped). The state lives on the device (see clip_coefficient), so the step never
+// waits on the host.
+struct LossScaling {
+  float init_scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int growth_interval = 2000;
+};
+constexpr int kNormCoefSize = 3;  // F32 [3]: see clip_coefficient
+constexpr int kScalerSize = 2;    // F32 [2]: scale, clean steps since the scale last changed
 
 // Tensors per multi-tensor backend call; the ops wrappers split longer lists.
 constexpr int kMaxTensorList = 48;
@@ -84,6 +108,9 @@ class Backend {
   // Blocks until every copy queued so far has finished reading its host source, so that
   // a staging buffer can be refilled.
   virtual void wait_for_copies() {}
+  // Blocks until every copy to host memory queued so far has landed (into page-locked
+  // memory from allocate_host such copies are asynchronous on a GPU).
+  virtual void wait_for_reads() {}
 
   // Step timing, for the summary's time split: the wall clock between marks on the CPU;
   // events on the stream on a GPU, read without stalling it. No-ops in a dry run.
@@ -93,9 +120,12 @@ class Backend {
   // Waits for queued work (a no-op on the CPU); used before host reads and timing.
   virtual void synchronize() {}
 
-  virtual void fill(Tensor& x, float value) = 0;
+  virtual void fill(Tensor& x, float value) = 0;  // F32, BF16 or F16 (value rounded to nearest even)
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // bytewise, src.bytes() == dst.bytes()
-  virtual void read(const Tensor& src, float* host, size_t n) = 0;  // first n F32 values to host
+  // The first n values of an F32, BF16 or F16 tensor to host floats.
+  virtual void read(const Tensor& src, float* host, size_t n) = 0;
+  // dst = src rounded to dst's dtype (F32 -> F32, BF16 or F16; round to nearest even), same size.
+  virtual void cast(const Tensor& src, Tensor& dst) = 0;
   virtual void add_scaled(const Tensor& x, float alpha, Tensor& y) = 0;  // y += alpha * x
 
   // y[M,N] = x[M,K] w[N,K]^T + b[N]   (b may be null)
@@ -114,12 +144,16 @@ class Backend {
   // (P = exp(score - max) * inv, the forward's own arithmetic).
   virtual void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                  const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) = 0;
-  // dqkv: [B*S, 3H] (overwritten).
-  virtual void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
-                                  const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
+  // dqkv: [B*S, 3H] (overwritten). ctx is the forward's output, which the fused backward
+  // reads (rowsum(dctx * ctx)) rather than recomputing it.
+  virtual void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
+                                  const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
                                   Tensor& workspace) = 0;
-  // Scratch the attention ops need, in F32 elements (planned as workspace, shared by layers).
-  virtual int64_t attention_workspace_elems(const AttentionDims& d) const = 0;
+  // Scratch the attention ops need for this compute dtype, in F32 elements (planned as
+  // workspace, shared by layers). Under BF16/F16 the CUDA backend runs a fused (flash)
+  // attention that needs right-padded masks (ones, then zeros) and keeps, in the first
+  // B*heads*S floats of stats, the log-sum-exp of each query row.
+  virtual int64_t attention_workspace_elems(const AttentionDims& d, DType t) const = 0;
 
   // Over the last dimension: y = (x - mean) * rstd * gamma + beta; mean, rstd: [rows].
   virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
@@ -146,20 +180,29 @@ class Backend {
   virtual void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) = 0;
   virtual void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) = 0;
 
-  // Mean loss over the batch into loss[0] and its gradient times grad_scale into dlogits.
+  // Mean loss over the batch into loss[0] (F32) and its gradient times grad_scale into
+  // dlogits, also times loss_scale[0] when loss_scale (the F32 scaler state) is given.
   // cross_entropy: labels I32 [B], -100 = ignored (as PyTorch); mse: target F32 [B].
-  virtual void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
-                             Tensor& dlogits) = 0;
-  virtual void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) = 0;
+  virtual void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
+                             Tensor& loss, Tensor& dlogits) = 0;
+  virtual void mse(const Tensor& pred, const Tensor& target, float grad_scale, const Tensor* loss_scale,
+                   Tensor& loss, Tensor& dpred) = 0;
 
   // out[0] += sum of x^2 over every tensor of the list (count <= kMaxTensorList): one
   // launch for all parameter groups.
   virtual void sum_squares(const Tensor* xs, int count, Tensor& out) = 0;
-  // From out[0] of sum_squares: norm_coef[0] = sqrt(sumsq), norm_coef[1] =
-  // min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_; 1 if max_norm <= 0.
-  virtual void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) = 0;
+  // From sumsq[0] of sum_squares, with scale = scaler[0] when a scaler is given, else 1:
+  //   norm_coef[0] = sqrt(sumsq) / scale, the norm of the unscaled gradients;
+  //   norm_coef[1] = min(1, max_norm / (norm + 1e-6)) / scale, as torch.nn.utils.clip_grad_norm_
+  //                  after GradScaler.unscale_ (min(1, ...) is 1 if max_norm <= 0): what AdamW
+  //                  multiplies the gradients by;
+  //   norm_coef[2] = 1 if a scaler is given and sumsq is not finite (the step is skipped), else 0.
+  // Then, with a scaler, updates it as LossScaling says (after computing the above).
+  virtual void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
+                                const LossScaling& ls) = 0;
   // torch.optim.AdamW on grad * norm_coef[1], for every slice of the list (count <=
-  // kMaxTensorList), each with its own weight decay (s.weight_decay is not used).
+  // kMaxTensorList), each with its own weight decay (s.weight_decay is not used); nothing
+  // changes when norm_coef[2] != 0.
   virtual void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) = 0;
 };
 

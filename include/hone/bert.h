@@ -75,10 +75,16 @@ class BertForSequenceClassification {
   const ParamLayout& layout() const { return layout_; }
   bool regression() const { return regression_; }
 
-  // Takes the flat weight buffer (setup phase) and, unless gradients are step-scoped,
-  // one flat gradient buffer whose groups grad(k) are slices.
-  void bind_parameters(BufferSource& mem, bool step_scoped_grads);
-  Tensor& weights() { return weights_; }
+  // Takes the flat F32 parameter buffer (setup phase) and, unless gradients are
+  // step-scoped, one flat F32 gradient buffer whose groups grad(k) are slices. With a
+  // half-precision compute dtype the parameters are the master weights and forward and
+  // backward read a copy in that dtype (Category::Weights), which the optimizer rewrites.
+  void bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute = DType::F32);
+  Tensor& weights() { return weights_; }  // the F32 parameters
+  // What forward and backward read: the parameters, or their half-precision copy.
+  const Tensor& compute_weights() const { return mixed() ? half_weights_ : weights_; }
+  DType compute_dtype() const { return compute_; }
+  bool mixed() const { return compute_ != DType::F32; }
   // The gradients of parameter group k (valid from its backward to the optimizer step
   // when step-scoped).
   Tensor& grad(int k) { return group_grads_[size_t(k)]; }
@@ -89,9 +95,10 @@ class BertForSequenceClassification {
 
   // Forward and backward of one micro-batch. Parameter gradients accumulate (+=);
   // loss[0] receives the mean loss; dlogits are scaled by grad_scale (1 / accumulation
-  // steps). If logits_out is not null, the logits are copied there (host, B x labels).
+  // steps) and by loss_scale[0] when given (fp16 loss scaling). If logits_out is not
+  // null, the logits are copied there (host, B x labels).
   void forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
-                        float grad_scale, Tensor& loss, float* logits_out = nullptr);
+                        float grad_scale, const Tensor* loss_scale, Tensor& loss, float* logits_out = nullptr);
   // Model FLOPs of one training step on batch x seq tokens: 3x the forward pass (backward
   // costs two), counting 2 per multiply-add of every product. Per token and layer:
   // 2(4H^2 + 2HI) for the projections and the FFN, 4SH for attention scores and context;
@@ -121,12 +128,14 @@ class BertForSequenceClassification {
   SavedHead run_forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
                         bool keep_for_backward, float* hidden_out);
   static Tensor slice(const Tensor& flat, int64_t offset, Shape s);
-  Tensor w(const ParamEntry* e) const { return param(weights_, *e); }
+  Tensor w(const ParamEntry* e) const { return param(compute_weights(), *e); }
   Tensor g(const ParamEntry* e) const {
     return slice(group_grads_[size_t(e->group)], e->offset - layout_.groups()[size_t(e->group)].begin, e->shape);
   }
   // Query, key and value as one [3H, H] weight and [3H] bias (they are adjacent).
-  Tensor w3(const ParamEntry* e, int64_t rows, int64_t cols) const { return slice(weights_, e->offset, {rows, cols}); }
+  Tensor w3(const ParamEntry* e, int64_t rows, int64_t cols) const {
+    return slice(compute_weights(), e->offset, {rows, cols});
+  }
   Tensor g3(const ParamEntry* e, int64_t rows, int64_t cols) const {
     return slice(group_grads_[size_t(e->group)], e->offset - layout_.groups()[size_t(e->group)].begin, {rows, cols});
   }
@@ -141,7 +150,9 @@ class BertForSequenceClassification {
   Norm emb_ln_;
   std::vector<Layer> layers_;
   Linear pooler_, classifier_;
-  Tensor weights_;
+  Tensor weights_;       // F32 parameters (the master weights under mixed precision)
+  Tensor half_weights_;  // their compute-dtype copy under mixed precision
+  DType compute_ = DType::F32;
   bool step_scoped_grads_ = false;
   std::vector<Tensor> group_grads_;
   std::vector<Saved> saved_;  // one per layer, refilled by each forward pass

@@ -17,15 +17,17 @@ class CpuBackend final : public Backend {
   void fill(Tensor& x, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void read(const Tensor& src, float* host, size_t n) override;
+  void cast(const Tensor& src, Tensor& dst) override;
   void add_scaled(const Tensor& x, float alpha, Tensor& y) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& ctx, Tensor& workspace) override;
-  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
+                          const Tensor& stats,
                           const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
-  int64_t attention_workspace_elems(const AttentionDims& d) const override;
+  int64_t attention_workspace_elems(const AttentionDims& d, DType t) const override;
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -42,11 +44,13 @@ class CpuBackend final : public Backend {
                           Tensor& dpos, Tensor& dtype) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
-  void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
-                     Tensor& dlogits) override;
-  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) override;
+  void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
+                     Tensor& loss, Tensor& dlogits) override;
+  void mse(const Tensor& pred, const Tensor& target, float grad_scale, const Tensor* loss_scale, Tensor& loss,
+           Tensor& dpred) override;
   void sum_squares(const Tensor* xs, int count, Tensor& out) override;
-  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) override;
+  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
+                        const LossScaling& ls) override;
   void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
 };
 

@@ -17,8 +17,11 @@
 
 namespace hone {
 
-enum class Category : uint8_t { Weights, Gradients, OptimizerState, Activations, Workspace };
-constexpr int kNumCategories = 5;
+// Under mixed precision, Weights are the half-precision copy that forward and backward
+// read, and MasterWeights the fp32 parameters the optimizer updates; in fp32 runs the
+// weights are the parameters and MasterWeights is empty.
+enum class Category : uint8_t { Weights, MasterWeights, Gradients, OptimizerState, Activations, Workspace };
+constexpr int kNumCategories = 6;
 std::string_view category_name(Category c);
 
 // Phases replayed independently: setup runs once; the others repeat each step or batch.
@@ -56,8 +59,9 @@ class MemoryPlan {
   // Bytes of each category's arena; 0 for a category whose buffers live in another's.
   std::array<size_t, kNumCategories> category_bytes{};
   // The arena each category's buffers are packed into (its own, unless shared).
-  std::array<Category, kNumCategories> arena_of{Category::Weights, Category::Gradients, Category::OptimizerState,
-                                                Category::Activations, Category::Workspace};
+  std::array<Category, kNumCategories> arena_of{Category::Weights,        Category::MasterWeights,
+                                                Category::Gradients,      Category::OptimizerState,
+                                                Category::Activations,    Category::Workspace};
   size_t total_bytes() const;
   // Sum of unshared sizes per category: what the plan would cost without reuse.
   std::array<size_t, kNumCategories> unshared_bytes() const;

@@ -9,6 +9,7 @@ namespace hone::ops {
 void fill(Backend& be, Tensor& x, float value);
 void copy(Backend& be, const Tensor& src, Tensor& dst);
 void add_scaled(Backend& be, const Tensor& x, float alpha, Tensor& y);
+void cast(Backend& be, const Tensor& src, Tensor& dst);
 
 void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
 void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
@@ -16,7 +17,8 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                        const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);
-void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
+                        const Tensor& stats,
                         const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
 
 void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
@@ -38,13 +40,15 @@ void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, cons
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
 
-void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
-                   Tensor& dlogits);
-void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred);
+void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
+                   Tensor& loss, Tensor& dlogits);
+void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale, const Tensor* loss_scale,
+         Tensor& loss, Tensor& dpred);
 
 void sum_squares(Backend& be, const Tensor& x, Tensor& out);
 void sum_squares(Backend& be, const Tensor* xs, int count, Tensor& out);  // any count
-void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef);
+void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler = nullptr,
+                      const LossScaling& ls = {});
 void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
            const Tensor& norm_coef);
 void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef);

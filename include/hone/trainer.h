@@ -4,6 +4,7 @@
 // gradient clipping, AdamW with bias and LayerNorm parameters excluded from weight
 // decay, the learning-rate schedule stepped after each update, and logging every
 // logging_steps updates.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,9 @@ class TrainingRun {
   // arenas. Weights are uninitialised until write_weights().
   TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
               GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
+  ~TrainingRun();
+  TrainingRun(const TrainingRun&) = delete;
+  TrainingRun& operator=(const TrainingRun&) = delete;
 
   // The plan alone, allocating nothing: what `hone estimate` prints.
   static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
@@ -78,7 +82,7 @@ class TrainingRun {
   // Copies between the flat parameter buffers and host memory of layout().count() floats.
   void write_weights(const float* host);
   void read_weights(float* host);
-  void read_grads(float* host);
+  void read_grads(float* host);  // the gradients of the loss (unscaled under fp16)
   // The AdamW moments (layout().count() floats each), for checkpoints.
   void read_optimizer_state(float* exp_avg, float* exp_avg_sq);
   void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq);
@@ -92,8 +96,18 @@ class TrainingRun {
   void micro_step(const Batch& b, float grad_scale, uint64_t dropout_step);
   // Inference on a collated batch (dropout off, no gradients).
   void infer(const Batch& b, const ForwardOutputs& out);
-  // Clip, AdamW at this learning rate (update number `step`, 1-based), zero gradients.
+  // Clip, AdamW at this learning rate (update number `step`, 1-based, counting applied
+  // updates only), zero gradients. Under fp16 a step whose gradients overflow is skipped
+  // on the device, and the loss scale backs off.
   void optimizer_step(double lr, int64_t step);
+  // fp16: optimizer steps skipped so far (waits for the last queued step's outcome, which
+  // costs nothing once the next micro-step is queued); 0 otherwise.
+  int64_t skipped_steps();
+  double loss_scale();  // fp16: the current scale (after skipped_steps()); 1 otherwise
+  bool loss_scaling() const { return args_.fp16; }
+  // Checkpoints: the scaler's scale, clean-step count and skipped steps.
+  std::array<double, 3> scaler_state();
+  void set_scaler_state(const std::array<double, 3>& s);
   // Host reads of the accumulators (a synchronisation on a GPU).
   double take_loss_sum();   // sum of the micro-step losses times their grad_scale; resets it
   double last_grad_norm();  // before clipping, of the last optimizer step
@@ -125,6 +139,12 @@ class TrainingRun {
   std::unique_ptr<BertForSequenceClassification> model_;
   std::unique_ptr<PlannedMemory> mem_;
   Tensor adam_m_, adam_v_, loss_sum_, sumsq_, norm_coef_;
+  // fp16 loss scaling: the device state, and a page-locked host copy of
+  // {norm_coef[2] (skipped), scale, clean steps} read back one step late.
+  Tensor scaler_;
+  float* scaler_host_ = nullptr;
+  bool scaler_read_pending_ = false;
+  int64_t skipped_steps_ = 0;
   std::vector<int32_t> int_labels_;  // host staging for class ids
   // Tensor lists of the multi-tensor optimizer ops, refilled each step within their
   // reserved capacity (no allocation).

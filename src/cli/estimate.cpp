@@ -15,13 +15,13 @@ int estimate_command(const TrainingArguments& a, bool list_buffers) {
   constexpr double kMiB = 1 << 20;
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
   RunInputs in = prepare_inputs(a, true, evaluates, false);
-  std::unique_ptr<Backend> be = make_backend(a);
+  std::unique_ptr<Backend> be = make_backend(a, true);
   MemoryPlan plan = TrainingRun::plan(a, in.model.config, in.seq_len, *be, gradient_memory_for(a),
                                       RunPhases{true, in.eval ? a.per_device_eval_batch_size : 0});
   const int64_t params = ParamLayout(in.model.config).count();
   fmt::print("hone estimate: {}\n  {}\n", in.model.name, describe(in.model.config, params));
   fmt::print("  run: batch {} x {} tokens, {}, {}, device {}\n", a.per_device_train_batch_size, in.seq_len,
-             a.tf32 ? "tf32" : "fp32", a.optim, be->name());
+             precision_name(a), a.optim, be->name());
   fmt::print("parameters: {}\n", with_commas(uint64_t(params)));
   fmt::print("memory plan (buffers whose lifetimes do not overlap share bytes):\n{}", memory_table(plan, params));
   if (list_buffers) fmt::print("buffers:\n{}", buffer_list(plan));

@@ -54,6 +54,7 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
         name += " + " + std::string(category_name(Category(guest)));
         without_reuse += unshared[guest];
       }
+    if (b == 0 && without_reuse == 0) continue;  // e.g. master weights in an fp32 run
     if (plan.arena_of[c] != Category(c)) {
       s += fmt::format("  {:<24} {:>15} {:>10} {:>12} {:>15}  (in the {} arena)\n", name, "-", "-", "-", "-",
                        category_name(plan.arena_of[c]));
@@ -77,7 +78,7 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
 }
 
 std::string buffer_list(const MemoryPlan& plan) {
-  static const char* phases[] = {"setup", "micro-step", "optimizer"};
+  static const char* phases[kNumPhases] = {"setup", "micro-step", "optimizer", "inference"};
   std::string s = fmt::format("  {:<24} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
                               "bytes", "offset", "taken", "freed");
   for (const auto& b : plan.buffers)

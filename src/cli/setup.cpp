@@ -11,12 +11,23 @@
 
 namespace hone::cli {
 
-std::unique_ptr<Backend> make_backend(const TrainingArguments& a) {
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   std::string why;
-  if (a.device == "cuda" || (a.device == "auto" && cuda_available(&why))) return make_cuda_backend({0, a.tf32});
+  if (a.device == "cuda" || (a.device == "auto" && cuda_available(&why))) {
+    if ((a.bf16 || a.fp16) && !plan_only && !mixed_precision_available(&why))
+      fail("--{}: {}", a.bf16 ? "bf16" : "fp16", why);
+    return make_cuda_backend({0, a.tf32});
+  }
   if (a.tf32) fmt::print("notice: --tf32 affects CUDA matrix products only; the CPU backend computes in fp32\n");
+  if ((a.bf16 || a.fp16) && !plan_only)
+    fail("--{} needs a CUDA GPU{}: the CPU backend computes in fp32 (leave the flag out to train on the CPU)",
+         a.bf16 ? "bf16" : "fp16", why.empty() ? "" : " (" + why + ")");
   return std::make_unique<CpuBackend>();
+}
+
+std::string precision_name(const TrainingArguments& a) {
+  return a.bf16 ? "bf16" : a.fp16 ? "fp16" : a.tf32 ? "tf32" : "fp32";
 }
 
 namespace {

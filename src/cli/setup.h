@@ -12,8 +12,12 @@
 
 namespace hone::cli {
 
-// --device auto takes the GPU when there is one.
-std::unique_ptr<Backend> make_backend(const TrainingArguments& a);
+// --device auto takes the GPU when there is one. --bf16 / --fp16 need one, unless the
+// backend only plans (hone estimate).
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only = false);
+
+// "fp32", "tf32", "bf16" or "fp16": what the matrix products run in (peak_flops' names).
+std::string precision_name(const TrainingArguments& a);
 
 struct RunInputs {
   ModelSource model;  // its config carries the run's labels

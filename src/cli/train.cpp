@@ -122,7 +122,8 @@ int train_command(const TrainingArguments& a) {
   std::optional<GpuMemory> after_setup = print_gpu_memory(be, "after the model and every planned buffer");
   const StepCounts sc = count_steps(a, in.train->size());
   const std::string where = be.device() == Device::CUDA
-                                ? fmt::format("{}{}", be.name(), a.tf32 ? ", tf32" : ", fp32")
+                                ? fmt::format("{}, {}{}", be.name(), precision_name(a),
+                                              a.bf16 || a.fp16 ? " mixed precision (fp32 master weights)" : "")
                                 : fmt::format("{} ({} threads)", be.name(), omp_get_max_threads());
   fmt::print("  data: {}\n", in.train->description());
   if (in.eval) fmt::print("  evaluation: {}\n", in.eval->description());
@@ -178,6 +179,7 @@ int train_command(const TrainingArguments& a) {
   if (after_train) {
     metrics["gpu"] = be.name();
     metrics["tf32"] = a.tf32;
+    metrics["precision"] = precision_name(a);
     metrics["gpu_memory_start_mb"] = at_start ? at_start->used >> 20 : 0;
     metrics["gpu_memory_after_context_mb"] = after_context ? after_context->used >> 20 : 0;
     metrics["gpu_memory_after_setup_mb"] = after_setup ? after_setup->used >> 20 : 0;
@@ -192,6 +194,13 @@ int train_command(const TrainingArguments& a) {
   summary["train_loss"] = m.train_loss;
   summary["epoch"] = m.epoch;
   fmt::print("{}\n", python_dict(summary));
+  if (run.loss_scaling()) {
+    const int64_t skipped = run.skipped_steps();
+    metrics["skipped_steps"] = skipped;
+    metrics["loss_scale"] = run.loss_scale();
+    fmt::print("fp16 loss scaling: {} of {} optimizer steps skipped (gradients with inf or NaN); final scale {:g}\n",
+               skipped, m.global_step, run.loss_scale());
+  }
   {
     const SpanSeconds& sp = m.spans;
     const double total = sp[0] + sp[1] + sp[2] + sp[3];
@@ -201,7 +210,7 @@ int train_command(const TrainingArguments& a) {
                be.device() == Device::CUDA ? "GPU time between CUDA events" : "wall clock",
                sp[0], pct(sp[0]), sp[1], pct(sp[1]), sp[2], pct(sp[2]), sp[3], pct(sp[3]));
     const double achieved = m.model_flops / m.train_runtime;
-    const std::string precision = a.tf32 ? "tf32" : "fp32";
+    const std::string precision = precision_name(a);
     std::string mfu = "no peak figure for this device";
     if (be.device() == Device::CUDA)
       if (const std::optional<double> peak = peak_flops(be.name(), precision)) {

@@ -33,6 +33,7 @@ std::string_view phase_name(Phase p) {
 std::string_view category_name(Category c) {
   switch (c) {
     case Category::Weights: return "weights";
+    case Category::MasterWeights: return "master weights";
     case Category::Gradients: return "gradients";
     case Category::OptimizerState: return "optimizer state";
     case Category::Activations: return "activations";

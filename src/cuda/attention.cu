@@ -1,15 +1,24 @@
-// Scaled dot-product self-attention, with the semantics of src/ops/attention.cpp. The
-// products are cuBLAS strided-batched GEMMs over the heads of one sequence (head h's
-// Q, K and V start h*head_dim columns further, leading dimension 3H), one call per
+// Scaled dot-product self-attention, with the semantics of src/ops/attention.cpp.
+//
+// F32: the products are cuBLAS strided-batched GEMMs over the heads of one sequence (head
+// h's Q, K and V start h*head_dim columns further, leading dimension 3H), one call per
 // sequence; the masked softmax with dropout and its backward are row kernels. Products
 // are written column-major, so each computes the transpose of the row-major result.
 // The [B, heads, S, S] probabilities live only in the workspace: backward recomputes
 // them from the scores and the saved per-row {max, 1 / sum}.
+//
+// BF16 / F16: cuDNN's fused flash attention (sdpa.h), no [S, S] matrix anywhere. The mask
+// becomes per-sequence key lengths, so it must be right-padded (ones, then zeros; the
+// caller guarantees it); stats keeps the log-sum-exp of each query row in its first
+// B*heads*S floats. Dropout draws cuDNN's own Philox mask (not dropout_keep's): the same
+// DropoutSpec gives the same mask in forward and backward, but not the F32 path's mask.
 #include <cfloat>
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
 #include "cuda/rows.h"
+#include "cuda/sdpa.h"
 #include "hone/philox.h"
 
 namespace hone {
@@ -172,15 +181,158 @@ SeqOffsets seq_offsets(const AttentionDims& d, int b) {
   return {b * S * 3 * d.hidden(), b * S * d.hidden(), b * int64_t(d.heads) * S * S};
 }
 
+// ---------------------------------------------------------------- fused (BF16 / F16)
+
+// Where the fused path's scratch lies in the attention workspace, in F32 elements; each
+// region starts 256-byte aligned (cuDNN's tensors declare 16).
+struct FusedScratch {
+  int64_t softmax_sum, dq_accum, seq_q, seq_kv, rng, cudnn, total;
+};
+
+FusedScratch fused_scratch(const AttentionDims& d) {
+  const auto aligned = [](int64_t floats) { return (floats + 63) / 64 * 64; };
+  const int64_t rows = int64_t(d.batch) * d.heads * d.seq;
+  FusedScratch f{};
+  int64_t at = 0;
+  f.softmax_sum = at, at += aligned(rows);                  // F32 [B, heads, S]
+  f.dq_accum = at, at += aligned(rows * d.head_dim);        // F32 [B, heads, S, head_dim]
+  f.seq_q = at, at += aligned(d.batch);                     // I32 [B]
+  f.seq_kv = at, at += aligned(d.batch);                    // I32 [B]
+  f.rng = at, at += aligned(8);                             // I64 seed at [0], offset at [2]
+  f.cudnn = at, at += cuda::kSdpaWorkspaceBytes / int64_t(sizeof(float));  // the plan's own
+  f.total = at;
+  return f;
+}
+
+// cuDNN's Philox seed for one call site: forward and backward of a site agree (same spec),
+// sites and steps differ (their (seed, stream) pairs differ).
+int64_t philox_seed(const DropoutSpec& drop) {
+  uint64_t z = drop.seed ^ (drop.stream * 0x9E3779B97F4A7C15ull);  // splitmix64
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return int64_t((z ^ (z >> 31)) >> 1);  // non-negative, as the seeds cuDNN's samples use
+}
+
+// One block per sequence: seq_q[b] = S (every query row is live, as in Hugging Face, where
+// padded queries still attend to the valid keys) and seq_kv[b] = the ones of mask row b
+// (keys past it get probability 0: right padding). A row without any one gets S, so that
+// it stays finite (Hugging Face makes such a row uniform; it has no valid token anyway).
+// Block 0 also writes the Philox seed and offset (0).
+__global__ void fused_lengths_kernel(const int32_t* __restrict__ mask, int S, int32_t* __restrict__ seq_q,
+                                     int32_t* __restrict__ seq_kv, int64_t* __restrict__ rng, int64_t seed) {
+  __shared__ int scratch[32];
+  const int b = blockIdx.x;
+  int ones = 0;
+  for (int j = threadIdx.x; j < S; j += blockDim.x) ones += mask[int64_t(b) * S + j] != 0;
+  ones = cuda::block_sum(ones, scratch);
+  if (threadIdx.x == 0) {
+    seq_q[b] = S;
+    seq_kv[b] = ones > 0 ? ones : S;
+    if (b == 0) rng[0] = seed, rng[2] = 0;  // 16 bytes apart: each tensor is 16-byte aligned
+  }
+}
+
+// Keys at or past seq_kv[b] have probability 0 everywhere, so their dK and dV are 0. cuDNN
+// bounds those products by seq_kv and need not write the rows past it: this writes them
+// (columns [H, 3H) of dqkv, 8 halves per 16-byte store; H is a multiple of 8).
+__global__ void zero_padded_key_grads_kernel(uint16_t* __restrict__ dqkv, const int32_t* __restrict__ seq_kv,
+                                             int64_t rows, int S, int H) {
+  const int vecs = 2 * H / 8;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    if (int(r % S) < seq_kv[r / S]) continue;
+    int4* row = reinterpret_cast<int4*>(dqkv + r * 3 * H + H);
+    for (int v = threadIdx.x; v < vecs; v += blockDim.x) row[v] = make_int4(0, 0, 0, 0);
+  }
+}
+
+cuda::SdpaProblem sdpa_problem(const Tensor& qkv, const AttentionDims& d, const DropoutSpec& drop) {
+  return {qkv.dtype, d.batch, d.seq, d.heads, d.head_dim, d.scale, drop.p > 0.0f ? drop.p : 0.0f};
+}
+
+void check_fused_tensor(const Tensor& t, DType want, int64_t numel, const char* what) {
+  if (t.dtype != want || t.numel() < numel)
+    fail("fused attention: {} is {} {}, expected {} with at least {} elements", what, dtype_name(t.dtype),
+         t.shape.str(), dtype_name(want), numel);
+}
+
+// The scratch pointers of one call, after checking the tensors the fused path reads.
+struct FusedCall {
+  float* ws;
+  FusedScratch f;
+  int32_t* seq_q;
+  int32_t* seq_kv;
+  int64_t* rng;
+  void* cudnn_ws;
+};
+
+FusedCall fused_call(const Tensor& qkv, const Tensor& mask, const Tensor& stats, const AttentionDims& d,
+                     const Tensor& workspace) {
+  const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+  check_fused_tensor(qkv, qkv.dtype, T * 3 * H, "qkv");
+  check_fused_tensor(mask, DType::I32, T, "mask");
+  check_fused_tensor(stats, DType::F32, T * d.heads, "stats");
+  FusedCall c{};
+  c.f = fused_scratch(d);
+  check_fused_tensor(workspace, DType::F32, c.f.total, "the attention workspace");
+  c.ws = workspace.f32();
+  c.seq_q = reinterpret_cast<int32_t*>(c.ws + c.f.seq_q);
+  c.seq_kv = reinterpret_cast<int32_t*>(c.ws + c.f.seq_kv);
+  c.rng = reinterpret_cast<int64_t*>(c.ws + c.f.rng);
+  c.cudnn_ws = c.ws + c.f.cudnn;
+  return c;
+}
+
+void launch_fused_lengths(cudaStream_t stream, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
+                          const FusedCall& c) {
+  fused_lengths_kernel<<<d.batch, cuda::kThreads, 0, stream>>>(mask.ptr<int32_t>(), d.seq, c.seq_q, c.seq_kv, c.rng,
+                                                                philox_seed(drop));
+  HONE_CUDA_LAUNCH_CHECK();
+}
+
+void fused_forward(cuda::SdpaCache*& cache, cudaStream_t stream, const Tensor& qkv, const Tensor& mask,
+                   const AttentionDims& d, const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+  const FusedCall c = fused_call(qkv, mask, stats, d, workspace);
+  check_fused_tensor(ctx, qkv.dtype, int64_t(d.batch) * d.seq * d.hidden(), "ctx");
+  if (!cache) cache = cuda::make_sdpa_cache(stream);  // fails clearly without cuDNN
+  launch_fused_lengths(stream, mask, d, drop, c);
+  cuda::sdpa_forward(*cache, sdpa_problem(qkv, d, drop),
+                     {qkv.data, ctx.data, stats.f32(), c.seq_q, c.seq_kv, c.rng, c.rng + 2, c.cudnn_ws});
+}
+
+void fused_backward(cuda::SdpaCache*& cache, cudaStream_t stream, const Tensor& dctx, const Tensor& qkv,
+                    const Tensor& ctx, const Tensor& mask, const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
+                    Tensor& dqkv, Tensor& workspace) {
+  const FusedCall c = fused_call(qkv, mask, stats, d, workspace);
+  const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+  check_fused_tensor(dctx, qkv.dtype, T * H, "dctx");
+  check_fused_tensor(ctx, qkv.dtype, T * H, "ctx");
+  check_fused_tensor(dqkv, qkv.dtype, T * 3 * H, "dqkv");
+  if (!cache) cache = cuda::make_sdpa_cache(stream);
+  launch_fused_lengths(stream, mask, d, drop, c);
+  const cuda::SdpaProblem p = sdpa_problem(qkv, d, drop);
+  float* softmax_sum = c.ws + c.f.softmax_sum;
+  cuda::sdpa_backward(*cache, p,
+                      {qkv.data, ctx.data, dctx.data, stats.f32(), dqkv.data, softmax_sum, c.ws + c.f.dq_accum, c.seq_q,
+                       c.seq_kv, c.rng, c.rng + 2, c.cudnn_ws});
+  zero_padded_key_grads_kernel<<<cuda::blocks_for_rows(T), 128, 0, stream>>>(dqkv.ptr<uint16_t>(), c.seq_kv, T,
+                                                                               d.seq, int(H));
+  HONE_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
-// Two [B, heads, S, S] blocks: the (dropped) probabilities and d(probs).
-int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d) const {
-  return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
+// F32: two [B, heads, S, S] blocks, the (dropped) probabilities and d(probs). BF16 / F16:
+// the fused path's scratch (dominated by dQ_accum, B*S*H floats) and 1 MiB for cuDNN.
+int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d, DType t) const {
+  if (t == DType::F32) return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
+  if (t == DType::BF16 || t == DType::F16) return fused_scratch(d).total;
+  fail("attention on CUDA: dtype {} is not a floating compute dtype", dtype_name(t));
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                     const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+  if (qkv.dtype != DType::F32) return fused_forward(sdpa_, stream_, qkv, mask, d, drop, stats, ctx, workspace);
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;
@@ -213,9 +365,11 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   }
 }
 
-void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
-                                     const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
-                                     Tensor& workspace) {
+void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
+                                     const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
+                                     Tensor& dqkv, Tensor& workspace) {
+  if (qkv.dtype != DType::F32)
+    return fused_backward(sdpa_, stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;

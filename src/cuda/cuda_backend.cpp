@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "cuda/check.h"
+#include "cuda/sdpa.h"
 
 namespace hone {
 
@@ -37,13 +41,16 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
   HONE_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+  HONE_CUDA_CHECK(cudaEventCreateWithFlags(&read_back_, cudaEventDisableTiming));
   for (cudaEvent_t& e : mark_events_) HONE_CUDA_CHECK(cudaEventCreate(&e));
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors must not throw: errors here are ignored (the process is ending the run).
   if (stream_) cudaStreamSynchronize(stream_);
+  cuda::destroy_sdpa_cache(sdpa_);
   if (copied_) cudaEventDestroy(copied_);
+  if (read_back_) cudaEventDestroy(read_back_);
   for (cudaEvent_t e : mark_events_)
     if (e) cudaEventDestroy(e);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
@@ -115,11 +122,24 @@ void CudaBackend::synchronize() { HONE_CUDA_CHECK(cudaStreamSynchronize(stream_)
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
   if (src.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(copied_, stream_));
+  if (dst.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(read_back_, stream_));
 }
 
+void CudaBackend::wait_for_reads() { HONE_CUDA_CHECK(cudaEventSynchronize(read_back_)); }
+
 void CudaBackend::read(const Tensor& src, float* host, size_t n) {
-  HONE_CUDA_CHECK(cudaMemcpyAsync(host, src.data, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  if (src.dtype == DType::F32) {
+    HONE_CUDA_CHECK(cudaMemcpyAsync(host, src.data, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    HONE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  // Halves are converted on the host: reads are rare and small (losses, metrics, tests).
+  if (src.dtype != DType::BF16 && src.dtype != DType::F16)
+    fail("read on CUDA: dtype {} is not F32, BF16 or F16", dtype_name(src.dtype));
+  std::vector<uint16_t> raw(n);
+  HONE_CUDA_CHECK(cudaMemcpyAsync(raw.data(), src.data, n * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream_));
   HONE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::transform(raw.begin(), raw.end(), host, src.dtype == DType::BF16 ? bf16_to_float : f16_to_float);
 }
 
 }  // namespace hone

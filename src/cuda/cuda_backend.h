@@ -14,6 +14,10 @@
 
 namespace hone {
 
+namespace cuda {
+struct SdpaCache;  // sdpa.h
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaOptions& options);
@@ -28,6 +32,7 @@ class CudaBackend final : public Backend {
   void* allocate_host(size_t bytes) override;
   void deallocate_host(void* p) noexcept override;
   void wait_for_copies() override;
+  void wait_for_reads() override;
   void mark(StepSpan s) override;
   SpanSeconds take_span_seconds() override;
   void synchronize() override;
@@ -35,15 +40,17 @@ class CudaBackend final : public Backend {
   void fill(Tensor& x, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void read(const Tensor& src, float* host, size_t n) override;
+  void cast(const Tensor& src, Tensor& dst) override;
   void add_scaled(const Tensor& x, float alpha, Tensor& y) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& ctx, Tensor& workspace) override;
-  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+  void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
+                          const Tensor& stats,
                           const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
-  int64_t attention_workspace_elems(const AttentionDims& d) const override;
+  int64_t attention_workspace_elems(const AttentionDims& d, DType t) const override;
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -60,11 +67,13 @@ class CudaBackend final : public Backend {
                           Tensor& dpos, Tensor& dtype) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
-  void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
-                     Tensor& dlogits) override;
-  void mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) override;
+  void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
+                     Tensor& loss, Tensor& dlogits) override;
+  void mse(const Tensor& pred, const Tensor& target, float grad_scale, const Tensor* loss_scale, Tensor& loss,
+           Tensor& dpred) override;
   void sum_squares(const Tensor* xs, int count, Tensor& out) override;
-  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) override;
+  void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
+                        const LossScaling& ls) override;
   void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
 
   cudaStream_t stream() const { return stream_; }
@@ -76,21 +85,23 @@ class CudaBackend final : public Backend {
   static constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 
   // Every matrix product of the backend: column-major D[m, n] = alpha op(A) op(B) +
-  // beta D (+ bias per row when set), `batch` times at the given element strides.
+  // beta D (+ bias per row when set), `batch` times at the given element strides. A and B
+  // share ab_type; D (and the bias) have d_type; products accumulate in F32.
   struct LtGemm {
     cublasOperation_t op_a, op_b;
     int64_t m, n, k;
-    const float* a;
+    const void* a;
     int64_t lda;
-    const float* b;
+    const void* b;
     int64_t ldb;
-    float* d;
+    void* d;
     int64_t ldd;
     float beta;
-    const float* bias = nullptr;
+    const void* bias = nullptr;
     float alpha = 1.0f;
     int batch = 1;
     int64_t stride_a = 0, stride_b = 0, stride_d = 0;
+    cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
   };
   void lt_matmul(const LtGemm& g);
 
@@ -99,7 +110,8 @@ class CudaBackend final : public Backend {
   bool tf32_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t copied_ = nullptr;  // recorded after each copy from the host
+  cudaEvent_t copied_ = nullptr;     // recorded after each copy from the host
+  cudaEvent_t read_back_ = nullptr;  // recorded after each copy to the host
   // Step marks: a ring of timing events, each span read once the next mark has passed,
   // so reading never waits for recent work.
   static constexpr int kMarkRing = 256;
@@ -112,7 +124,7 @@ class CudaBackend final : public Backend {
 
   // linear.cu state: the cuBLASLt algorithm the heuristic chose for each problem seen
   // (the query costs far more than the product for small shapes), round-robin when full.
-  static constexpr int kLtKey = 17;
+  static constexpr int kLtKey = 19;
   struct LtAlgo {
     int64_t key[kLtKey];
     cublasLtMatmulAlgo_t algo;
@@ -120,6 +132,10 @@ class CudaBackend final : public Backend {
   static constexpr int kLtAlgoCache = 64;
   LtAlgo lt_algos_[kLtAlgoCache] = {};
   int lt_algo_count_ = 0;
+
+  // attention.cu: cuDNN's handle and fused-attention plans, made on the first BF16/F16
+  // attention call; freed by the destructor (cuda::destroy_sdpa_cache).
+  cuda::SdpaCache* sdpa_ = nullptr;
 };
 
 }  // namespace hone

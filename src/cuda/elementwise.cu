@@ -1,16 +1,16 @@
-// Activations, tanh and dropout. Each thread owns groups of four consecutive elements
-// (one float4 when aligned), reading a group before writing it, so outputs may alias
-// inputs. Dropout groups coincide with Philox blocks: one philox_block call gives the
-// four words of a group, bit for bit the mask of the CPU backend.
+// Activations, tanh and dropout in F32, BF16 or F16 (math in F32). Each thread owns
+// groups of kVec<T> consecutive elements (one 16-byte access when aligned: 4 floats or 8
+// halves), reading a group before writing it, so outputs may alias inputs. Dropout
+// groups are whole Philox blocks: philox_block gives the words of four elements, bit for
+// bit the mask of the CPU backend, whatever the storage type.
 #include "cuda/cuda_backend.h"
+#include "cuda/half.h"
 #include "cuda/kernels.h"
 #include "hone/philox.h"
 
 namespace hone {
 
 namespace {
-
-using cuda::Vec;
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
@@ -50,50 +50,89 @@ struct TanhGrad {  // from the output y; __fmul_rn keeps 1 - y*y from fusing, to
   __device__ float operator()(float dy, float y) const { return dy * (1.0f - __fmul_rn(y, y)); }
 };
 
-// y = f(x)
-template <typename F>
-__global__ void unary_kernel(const float* x, float* y, int64_t n, bool vec, F f) {
-  const int64_t groups = cuda::groups_of_4(n);
-  for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
-    Vec<4> a = cuda::load4(x, 4 * g, n, vec);
+// Elements [i, i + V) of a flat array of n, i a multiple of V = kVec<T>: one 16-byte
+// access when `vec` (every pointer of the kernel 16-byte aligned) and the group is whole,
+// else scalar. Elements at or past n load as 0 and are not stored.
+template <typename T, int V>
+__device__ __forceinline__ void load_group(const T* p, int64_t i, int64_t n, bool vec, float (&v)[V]) {
+  if (vec && i + V <= n) return cuda::load_floats(p + i, v);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) a.v[k] = f(a.v[k]);
-    cuda::store4(y, 4 * g, n, vec, a);
+  for (int k = 0; k < V; ++k) v[k] = i + k < n ? cuda::to_float(p[i + k]) : 0.0f;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_group(T* p, int64_t i, int64_t n, bool vec, const float (&v)[V]) {
+  if (vec && i + V <= n) return cuda::store_floats(p + i, v);
+#pragma unroll
+  for (int k = 0; k < V; ++k)
+    if (i + k < n) p[i + k] = cuda::from_float<T>(v[k]);
+}
+
+template <typename T>
+__host__ __device__ __forceinline__ int64_t groups_of(int64_t n) {
+  return (n + cuda::kVec<T> - 1) / cuda::kVec<T>;
+}
+
+// y = f(x)
+template <typename T, typename F>
+__global__ void unary_kernel(const T* x, T* y, int64_t n, bool vec, F f) {
+  constexpr int V = cuda::kVec<T>;
+  const int64_t groups = groups_of<T>(n);
+  for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
+    float a[V];
+    load_group(x, V * g, n, vec, a);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = f(a[k]);
+    store_group(y, V * g, n, vec, a);
   }
 }
 
 // out = f(a, b)
-template <typename F>
-__global__ void binary_kernel(const float* a, const float* b, float* out, int64_t n, bool vec, F f) {
-  const int64_t groups = cuda::groups_of_4(n);
+template <typename T, typename F>
+__global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, bool vec, F f) {
+  constexpr int V = cuda::kVec<T>;
+  const int64_t groups = groups_of<T>(n);
   for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
-    Vec<4> va = cuda::load4(a, 4 * g, n, vec);
-    const Vec<4> vb = cuda::load4(b, 4 * g, n, vec);
+    float va[V], vb[V];
+    load_group(a, V * g, n, vec, va);
+    load_group(b, V * g, n, vec, vb);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) va.v[k] = f(va.v[k], vb.v[k]);
-    cuda::store4(out, 4 * g, n, vec, va);
+    for (int k = 0; k < V; ++k) va[k] = f(va[k], vb[k]);
+    store_group(out, V * g, n, vec, va);
   }
 }
 
 // out = residual + dropout(x), or out = dropout(x) when residual is null. With p == 0
-// nothing is dropped and no Philox block is computed. __fmul_rn keeps x * scale from
-// fusing with the add, so the sums round exactly as on the CPU.
-__global__ void dropout_kernel(const float* x, const float* residual, float* out, int64_t n, bool vec, float p,
-                               float scale, uint64_t seed, uint64_t stream) {
-  const int64_t groups = cuda::groups_of_4(n);
+// nothing is dropped and no Philox block is computed. A group of V elements spans V / 4
+// Philox blocks, so element i still takes word i % 4 of block i / 4 whatever T is.
+// __fmul_rn keeps x * scale from fusing with the add, so the sums round exactly as on
+// the CPU (and a half result is the F32 result rounded).
+template <typename T>
+__global__ void dropout_kernel(const T* x, const T* residual, T* out, int64_t n, bool vec, float p, float scale,
+                               uint64_t seed, uint64_t stream) {
+  constexpr int V = cuda::kVec<T>;
+  const int64_t groups = groups_of<T>(n);
   for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
-    Vec<4> a = cuda::load4(x, 4 * g, n, vec);
+    float a[V];
+    load_group(x, V * g, n, vec, a);
     if (p > 0.0f) {
-      const Philox4 r = philox_block(seed, stream, uint64_t(g));  // words of elements 4g .. 4g+3
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a.v[k] = uniform_from_word(r.v[k]) >= p ? __fmul_rn(a.v[k], scale) : 0.0f;
+      for (int b = 0; b < V / 4; ++b) {
+        const Philox4 r = philox_block(seed, stream, uint64_t(g) * (V / 4) + b);  // elements V g + 4 b ...
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float& e = a[4 * b + k];
+          e = uniform_from_word(r.v[k]) >= p ? __fmul_rn(e, scale) : 0.0f;
+        }
+      }
     }
     if (residual) {
-      const Vec<4> res = cuda::load4(residual, 4 * g, n, vec);
+      float res[V];
+      load_group(residual, V * g, n, vec, res);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a.v[k] = res.v[k] + a.v[k];
+      for (int k = 0; k < V; ++k) a[k] = res[k] + a[k];
     }
-    cuda::store4(out, 4 * g, n, vec, a);
+    store_group(out, V * g, n, vec, a);
   }
 }
 
@@ -101,36 +140,45 @@ template <typename F>
 void launch_unary(cudaStream_t s, const Tensor& x, Tensor& y, F f) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  const float* xp = x.f32();
-  float* yp = y.f32();
-  const bool vec = cuda::aligned16(xp) && cuda::aligned16(yp);
-  unary_kernel<<<cuda::blocks_for(cuda::groups_of_4(n)), cuda::kThreads, 0, s>>>(xp, yp, n, vec, f);
-  HONE_CUDA_LAUNCH_CHECK();
+  cuda::with_dtype(x.dtype, "unary op", [&](auto t) {
+    using T = decltype(t);
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    const bool vec = cuda::aligned16(xp) && cuda::aligned16(yp);
+    unary_kernel<<<cuda::blocks_for(groups_of<T>(n)), cuda::kThreads, 0, s>>>(xp, yp, n, vec, f);
+    HONE_CUDA_LAUNCH_CHECK();
+  });
 }
 
 template <typename F>
 void launch_binary(cudaStream_t s, const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const int64_t n = a.numel();
   if (n == 0) return;
-  const float *ap = a.f32(), *bp = b.f32();
-  float* op = out.f32();
-  const bool vec = cuda::aligned16(ap) && cuda::aligned16(bp) && cuda::aligned16(op);
-  binary_kernel<<<cuda::blocks_for(cuda::groups_of_4(n)), cuda::kThreads, 0, s>>>(ap, bp, op, n, vec, f);
-  HONE_CUDA_LAUNCH_CHECK();
+  cuda::with_dtype(a.dtype, "binary op", [&](auto t) {
+    using T = decltype(t);
+    const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
+    T* op = out.ptr<T>();
+    const bool vec = cuda::aligned16(ap) && cuda::aligned16(bp) && cuda::aligned16(op);
+    binary_kernel<<<cuda::blocks_for(groups_of<T>(n)), cuda::kThreads, 0, s>>>(ap, bp, op, n, vec, f);
+    HONE_CUDA_LAUNCH_CHECK();
+  });
 }
 
 // residual may be null (plain dropout).
 void launch_dropout(cudaStream_t s, const Tensor& x, const Tensor* residual, const DropoutSpec& d, Tensor& out) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  const float* xp = x.f32();
-  const float* rp = residual ? residual->f32() : nullptr;
-  float* op = out.f32();
-  const bool vec = cuda::aligned16(xp) && cuda::aligned16(rp) && cuda::aligned16(op);
-  const float scale = 1.0f / (1.0f - d.p);  // inf at p == 1, where nothing is kept and it is never used
-  dropout_kernel<<<cuda::blocks_for(cuda::groups_of_4(n)), cuda::kThreads, 0, s>>>(xp, rp, op, n, vec, d.p, scale,
-                                                                                    d.seed, d.stream);
-  HONE_CUDA_LAUNCH_CHECK();
+  cuda::with_dtype(x.dtype, "dropout", [&](auto t) {
+    using T = decltype(t);
+    const T* xp = x.ptr<T>();
+    const T* rp = residual ? residual->ptr<T>() : nullptr;
+    T* op = out.ptr<T>();
+    const bool vec = cuda::aligned16(xp) && cuda::aligned16(rp) && cuda::aligned16(op);
+    const float scale = 1.0f / (1.0f - d.p);  // inf at p == 1, where nothing is kept and it is never used
+    dropout_kernel<<<cuda::blocks_for(groups_of<T>(n)), cuda::kThreads, 0, s>>>(xp, rp, op, n, vec, d.p, scale,
+                                                                                   d.seed, d.stream);
+    HONE_CUDA_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace

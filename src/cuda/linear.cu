@@ -7,13 +7,17 @@
 // db += column sums of dy is a kernel of its own: the BGRADB epilogue, which overwrites,
 // would need a scratch and an add, and measured slower (it steers cuBLASLt to slower
 // kernels: +8 to +21 us a product at bert-large shapes on TF32) than a separate pass.
+// Under BF16/F16 x, w, y, dy and dx are in the compute dtype and the products accumulate
+// in F32; dw and db stay F32 (the weight-gradient product reads half A/B and adds into an
+// F32 D).
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
-#include "cuda/rows.h"
+#include "cuda/half.h"
+#include "cuda/kernels.h"
 
 namespace hone {
 
@@ -30,10 +34,10 @@ constexpr int kColumnSumWarps = 8;
 
 // db[c] += sum over rows of dy[r, c]. A block takes 32 * W columns and a band of rows;
 // its warps split the band, combine through shared memory, and add one atomic per
-// column into db.
-template <int W>
+// column into db. W is 1 or kVec<T> (one 16-byte load).
+template <typename T, int W>
 __global__ void __launch_bounds__(32 * kColumnSumWarps)
-    column_sum_kernel(const float* __restrict__ dy, float* __restrict__ db, int64_t rows, int cols, int64_t band) {
+    column_sum_kernel(const T* __restrict__ dy, float* __restrict__ db, int64_t rows, int cols, int64_t band) {
   __shared__ float part[kColumnSumWarps][32 * W];
   const int c = (blockIdx.x * 32 + threadIdx.x) * W;
   const int64_t r0 = int64_t(blockIdx.y) * band, r1 = std::min(rows, r0 + band);
@@ -42,7 +46,10 @@ __global__ void __launch_bounds__(32 * kColumnSumWarps)
 #pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColumnSumWarps) {
       float v[W];
-      cuda::load<W>(dy + r * cols + c, v);
+      if constexpr (W == 1)
+        v[0] = cuda::to_float(dy[r * cols + c]);
+      else
+        cuda::load_floats<T, W>(dy + r * cols + c, v);
 #pragma unroll
       for (int t = 0; t < W; ++t) acc[t] += v[t];
     }
@@ -59,14 +66,27 @@ __global__ void __launch_bounds__(32 * kColumnSumWarps)
   }
 }
 
+template <typename T, int W>
+void column_sum(const T* dy, float* db, int64_t rows, int64_t cols, int sms, cudaStream_t stream) {
+  // About four blocks per SM: enough bands of rows to fill the GPU, few atomics per column.
+  const int64_t col_blocks = (cols + 32 * W - 1) / (32 * W);
+  const int64_t bands = std::clamp<int64_t>(4 * sms / col_blocks, 1, (rows + kColumnSumWarps - 1) / kColumnSumWarps);
+  const int64_t band = (rows + bands - 1) / bands;
+  const dim3 grid(unsigned(col_blocks), unsigned((rows + band - 1) / band)), block(32, kColumnSumWarps);
+  column_sum_kernel<T, W><<<grid, block, 0, stream>>>(dy, db, rows, int(cols), band);
+  HONE_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void CudaBackend::lt_matmul(const LtGemm& g) {
   // Opaque descriptors on the stack: nothing to allocate or destroy per call.
   cublasLtMatmulDescOpaque_t desc_storage;
   cublasLtMatmulDesc_t desc = &desc_storage;
+  // F32 accumulation and F32 alpha/beta for every dtype; TF32 applies to F32 inputs only.
+  const bool tf32 = tf32_ && g.ab_type == CUDA_R_32F;
   HONE_CUBLAS_CHECK(
-      cublasLtMatmulDescInit(desc, tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      cublasLtMatmulDescInit(desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.op_a, sizeof(g.op_a)));
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.op_b, sizeof(g.op_b)));
   if (g.bias) {
@@ -74,14 +94,17 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
     HONE_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+    const int32_t bias_type = g.d_type;  // cuBLASLt's default too, stated rather than relied on
+    HONE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
   }
 
   const bool ta = g.op_a == CUBLAS_OP_T, tb = g.op_b == CUBLAS_OP_T;
   cublasLtMatrixLayoutOpaque_t la_storage, lb_storage, ld_storage;
   cublasLtMatrixLayout_t la = &la_storage, lb = &lb_storage, ld = &ld_storage;
-  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(la, CUDA_R_32F, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
-  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lb, CUDA_R_32F, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
-  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(ld, CUDA_R_32F, g.m, g.n, g.ldd));
+  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(la, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
+  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lb, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
+  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(ld, g.d_type, g.m, g.n, g.ldd));
   if (g.batch > 1) {  // the attention's per-head products: one call for all heads
     const int32_t count = g.batch;
     for (auto [layout, stride] : {std::pair{la, g.stride_a}, std::pair{lb, g.stride_b}, std::pair{ld, g.stride_d}}) {
@@ -94,9 +117,9 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
 
   const uint32_t align_a = alignment(g.a), align_b = alignment(g.b), align_d = alignment(g.d);
   // alignment(nullptr) is 256, hence the flag for the bias.
-  const int64_t key[kLtKey] = {g.m,     g.n,     g.k,     g.op_a,           g.op_b,     g.bias != nullptr,
-                               align_a, align_b, align_d, alignment(g.bias), g.lda,      g.ldb,
-                               g.ldd,   g.batch, g.stride_a, g.stride_b,      g.stride_d};
+  const int64_t key[kLtKey] = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b, align_d,
+                               alignment(g.bias), g.lda, g.ldb, g.ldd, g.batch, g.stride_a, g.stride_b,
+                               g.stride_d, g.ab_type, g.d_type};
   const cublasLtMatmulAlgo_t* algo = nullptr;
   for (int i = 0; i < std::min(lt_algo_count_, kLtAlgoCache) && !algo; ++i)
     if (std::memcmp(lt_algos_[i].key, key, sizeof(key)) == 0) algo = &lt_algos_[i].algo;
@@ -118,8 +141,8 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
     int found = 0;
     HONE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, 1, &result, &found));
     if (found == 0)
-      fail("cuBLASLt has no algorithm for the product m={} n={} k={} (ops {}{}{})", g.m, g.n, g.k, ta ? 'T' : 'N',
-           tb ? 'T' : 'N', g.bias ? ", bias" : "");
+      fail("cuBLASLt has no algorithm for the product m={} n={} k={} (ops {}{}{}, types {} -> {})", g.m, g.n, g.k,
+           ta ? 'T' : 'N', tb ? 'T' : 'N', g.bias ? ", bias" : "", int(g.ab_type), int(g.d_type));
     LtAlgo& slot = lt_algos_[lt_algo_count_++ % kLtAlgoCache];
     std::memcpy(slot.key, key, sizeof(key));
     slot.algo = result.algo;
@@ -131,30 +154,36 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
 
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
-  lt_matmul({CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.f32(), k, x.f32(), k, y.f32(), n, 0.0f, b ? b->f32() : nullptr});
+  LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, b ? b->data : nullptr};
+  g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);
+  lt_matmul(g);
 }
 
 void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
                                   Tensor& dw, Tensor* db) {
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
-  if (dx)
-    lt_matmul({CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, w.f32(), k, dy.f32(), n, dx->f32(), k, accumulate_dx ? 1.0f : 0.0f,
-               nullptr});
-  lt_matmul({CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, x.f32(), k, dy.f32(), n, dw.f32(), k, 1.0f, nullptr});
+  const cudaDataType_t type = cuda::cuda_dtype(x.dtype);
+  if (dx) {
+    LtGemm gx{CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, w.data, k, dy.data, n, dx->data, k, accumulate_dx ? 1.0f : 0.0f};
+    gx.ab_type = gx.d_type = type;
+    lt_matmul(gx);
+  }
+  LtGemm gw{CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, x.data, k, dy.data, n, dw.f32(), k, 1.0f};
+  gw.ab_type = type;
+  gw.d_type = CUDA_R_32F;  // half inputs, F32 output: the gradient accumulates in F32
+  lt_matmul(gw);
   if (!db || m == 0) return;
-  // About four blocks per SM: enough bands of rows to fill the GPU, few atomics per column.
   int sms = 0;
   HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
-  const bool vec = cuda::vec4_ok(n, {dy.data});
-  const int64_t col_blocks = (n + 32 * (vec ? 4 : 1) - 1) / (32 * (vec ? 4 : 1));
-  const int64_t bands = std::clamp<int64_t>(4 * sms / col_blocks, 1, (m + kColumnSumWarps - 1) / kColumnSumWarps);
-  const int64_t band = (m + bands - 1) / bands;
-  const dim3 grid(unsigned(col_blocks), unsigned((m + band - 1) / band)), block(32, kColumnSumWarps);
-  if (vec)
-    column_sum_kernel<4><<<grid, block, 0, stream_>>>(dy.f32(), db->f32(), m, int(n), band);
-  else
-    column_sum_kernel<1><<<grid, block, 0, stream_>>>(dy.f32(), db->f32(), m, int(n), band);
-  HONE_CUDA_LAUNCH_CHECK();
+  cuda::with_dtype(dy.dtype, "linear_backward", [&](auto t) {
+    using T = decltype(t);
+    constexpr int V = cuda::kVec<T>;
+    const T* p = dy.ptr<T>();
+    if (n % V == 0 && cuda::aligned16(p))
+      column_sum<T, V>(p, db->f32(), m, n, sms, stream_);
+    else
+      column_sum<T, 1>(p, db->f32(), m, n, sms, stream_);
+  });
 }
 
 }  // namespace hone

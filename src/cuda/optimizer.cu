@@ -1,9 +1,11 @@
-// Gradient clipping (torch.nn.utils.clip_grad_norm_) and torch.optim.AdamW. The clip
-// coefficient stays on the device: adamw reads it there, so a step never waits on the host.
+// Gradient clipping (torch.nn.utils.clip_grad_norm_), dynamic loss scaling
+// (torch.amp.GradScaler) and torch.optim.AdamW. The clip coefficient, the skip flag and the
+// scaler stay on the device: adamw reads them there, so a step never waits on the host.
 #include <algorithm>
 #include <cmath>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/half.h"
 #include "cuda/kernels.h"
 
 namespace hone {
@@ -44,16 +46,34 @@ __global__ void sum_squares_kernel(SumSquaresList list, float* out) {
   if (threadIdx.x == 0) atomicAdd(out, float(acc));
 }
 
-// One thread; the CPU's formula in double.
-__global__ void clip_coefficient_kernel(const float* sumsq, float max_norm, float* norm_coef) {
-  const double norm = sqrt(double(sumsq[0]));
+// One thread; the CPU's formulas in double. Without a scaler inv_scale is 1 and the
+// products by it are exact. scaler may be null.
+__global__ void clip_coefficient_kernel(const float* sumsq, float max_norm, float* norm_coef, float* scaler,
+                                        LossScaling ls) {
+  const double inv_scale = scaler ? 1.0 / double(scaler[0]) : 1.0;
+  const double norm = sqrt(double(sumsq[0])) * inv_scale;
   double coef = 1.0;
   if (max_norm > 0) {
     coef = double(max_norm) / (norm + 1e-6);
     if (coef > 1.0) coef = 1.0;  // written so that a NaN norm stays NaN, as torch's clamp
   }
+  const bool overflow = scaler && !isfinite(sumsq[0]);
   norm_coef[0] = float(norm);
-  norm_coef[1] = float(coef);
+  norm_coef[1] = float(coef * inv_scale);
+  norm_coef[2] = overflow ? 1.0f : 0.0f;
+  if (!scaler) return;
+  // torch's _amp_update_scale_: back off on an overflow, grow after growth_interval clean
+  // steps in a row (unless the grown scale would overflow float).
+  if (overflow) {
+    scaler[0] *= ls.backoff_factor;
+    scaler[1] = 0.0f;
+  } else if (const float clean = scaler[1] + 1.0f; clean >= float(ls.growth_interval)) {
+    const float grown = scaler[0] * ls.growth_factor;
+    if (isfinite(grown)) scaler[0] = grown;
+    scaler[1] = 0.0f;
+  } else {
+    scaler[1] = clean;
+  }
 }
 
 // The step's scalars, computed on the host in double as the CPU backend does.
@@ -61,20 +81,52 @@ struct AdamWScalars {
   float step_size, bias2_sqrt, w1, w2, b2, eps;
 };
 
+// The dtype of a slice's rounded copy of the parameters.
+enum class HalfCopy : uint8_t { None, BF16, F16 };
+
 struct AdamWList {
   float* param[kMaxTensorList];
   const float* grad[kMaxTensorList];
   float* m[kMaxTensorList];
   float* v[kMaxTensorList];
+  void* half[kMaxTensorList];
   int64_t n[kMaxTensorList];
   float decay[kMaxTensorList];  // 1 - lr * weight_decay of each slice
-  bool vec[kMaxTensorList];
+  HalfCopy half_type[kMaxTensorList];
+  bool vec[kMaxTensorList];  // 16-byte F32 access and 8-byte access to the half copy
 };
+
+HalfCopy half_copy(const Tensor& h) {
+  if (!h.data) return HalfCopy::None;
+  switch (h.dtype) {
+    case DType::BF16: return HalfCopy::BF16;
+    case DType::F16: return HalfCopy::F16;
+    default: fail("adamw on CUDA: the rounded copy of the parameters is {}, not BF16 or F16", dtype_name(h.dtype));
+  }
+}
+
+// Elements [i, i + 4) of the half copy, as store4 does for floats.
+template <typename H>
+__device__ __forceinline__ void store4_half(void* dst, int64_t i, int64_t n, bool vec, const Vec<4>& r) {
+  H* h = static_cast<H*>(dst) + i;
+  if (vec && i + 4 <= n) {
+    uint2 raw;
+    H* e = reinterpret_cast<H*>(&raw);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) e[k] = cuda::from_float<H>(r.v[k]);
+    *reinterpret_cast<uint2*>(h) = raw;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    if (i + k < n) h[k] = cuda::from_float<H>(r.v[k]);
+}
 
 // The CPU's update, operation for operation. The _rn intrinsics forbid FMA contraction
 // and the default sqrtf and division are correctly rounded, so every element rounds
 // exactly as the CPU reference (which is built without FMA).
 __global__ void adamw_kernel(AdamWList list, AdamWScalars s, const float* norm_coef) {
+  if (norm_coef[2] != 0.0f) return;  // a skipped step: the gradients overflowed
   const int t = blockIdx.y;
   float *param = list.param[t], *m = list.m[t], *v = list.v[t];
   const float* grad = list.grad[t];
@@ -99,6 +151,10 @@ __global__ void adamw_kernel(AdamWList list, AdamWScalars s, const float* norm_c
     cuda::store4(param, i, n, vec, p);
     cuda::store4(m, i, n, vec, mm);
     cuda::store4(v, i, n, vec, vv);
+    if (list.half_type[t] == HalfCopy::BF16)
+      store4_half<__nv_bfloat16>(list.half[t], i, n, vec, p);
+    else if (list.half_type[t] == HalfCopy::F16)
+      store4_half<__half>(list.half[t], i, n, vec, p);
   }
 }
 
@@ -121,8 +177,10 @@ void CudaBackend::sum_squares(const Tensor* xs, int count, Tensor& out) {
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
-  clip_coefficient_kernel<<<1, 1, 0, stream()>>>(sumsq.f32(), max_norm, norm_coef.f32());
+void CudaBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
+                                   const LossScaling& ls) {
+  clip_coefficient_kernel<<<1, 1, 0, stream()>>>(sumsq.f32(), max_norm, norm_coef.f32(),
+                                                 scaler ? scaler->f32() : nullptr, ls);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -147,8 +205,10 @@ void CudaBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s,
     list.v[t] = x.v.f32();
     list.n[t] = x.param.numel();
     list.decay[t] = float(1.0 - lr * x.weight_decay);
+    list.half[t] = x.half.data;
+    list.half_type[t] = half_copy(x.half);
     list.vec[t] = cuda::aligned16(list.param[t]) && cuda::aligned16(list.grad[t]) && cuda::aligned16(list.m[t]) &&
-                  cuda::aligned16(list.v[t]);
+                  cuda::aligned16(list.v[t]) && reinterpret_cast<uintptr_t>(list.half[t]) % 8 == 0;
     longest = std::max(longest, list.n[t]);
   }
   if (count == 0 || longest == 0) return;

@@ -10,6 +10,8 @@ bool cuda_available(std::string* why) {
   return false;
 }
 
+bool mixed_precision_available(std::string* why) { return cuda_available(why); }
+
 std::unique_ptr<Backend> make_cuda_backend(const CudaOptions&) {
   std::string why;
   cuda_available(&why);

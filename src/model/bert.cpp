@@ -101,8 +101,15 @@ BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c
   saved_.resize(c.num_hidden_layers);
 }
 
-void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads) {
-  weights_ = mem.take(Category::Weights, "parameters", -1, DType::F32, {layout_.count()});
+void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute) {
+  compute_ = compute;
+  if (mixed()) {
+    weights_ = mem.take(Category::MasterWeights, "parameters", -1, DType::F32, {layout_.count()});
+    half_weights_ = mem.take(Category::Weights, compute == DType::BF16 ? "parameters_bf16" : "parameters_fp16", -1,
+                             compute, {layout_.count()});
+  } else {
+    weights_ = mem.take(Category::Weights, "parameters", -1, DType::F32, {layout_.count()});
+  }
   step_scoped_grads_ = step_scoped_grads;
   group_grads_.assign(layout_.groups().size(), Tensor{});
   if (step_scoped_grads) return;
@@ -154,17 +161,21 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
   const float eps = cfg_.layer_norm_eps;
   const Activation act = cfg_.activation();
   const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
+  // Activations in the compute dtype; row statistics in F32.
   auto saved = [&](const char* name, int layer, Shape s) {
+    return mem.take(Category::Activations, name, layer, compute_, s);
+  };
+  auto stat = [&](const char* name, int layer, Shape s) {
     return mem.take(Category::Activations, name, layer, DType::F32, s);
   };
-  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, DType::F32, s); };
+  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, compute_, s); };
   auto layer_drop = [&](int l, int k) {
     return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
   };
   SavedHead h;
   h.emb_sum = saved("embeddings_sum", -1, {T, H});
-  h.emb_mean = saved("embeddings_ln_mean", -1, {T});
-  h.emb_rstd = saved("embeddings_ln_rstd", -1, {T});
+  h.emb_mean = stat("embeddings_ln_mean", -1, {T});
+  h.emb_rstd = stat("embeddings_ln_rstd", -1, {T});
   h.emb_out = saved("embeddings_out", -1, {T, H});
   ops::embedding_forward(be, batch.input_ids, batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
   ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), eps, h.emb_out, h.emb_mean, h.emb_rstd);
@@ -176,20 +187,21 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
     const Layer& P = layers_[l];
     Saved& s = saved_[l];
     const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
-    const Tensor qkv_b = slice(weights_, P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
+    const Tensor qkv_b = slice(compute_weights(), P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
                  down_b = w(P.ffn_down.b);
     s.qkv = saved("qkv", l, {T, 3 * H});
     ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
-    s.attn_stats = saved("attention_row_stats", l, {B, ad.heads, S, 2});  // not the [S, S] probabilities
+    s.attn_stats = stat("attention_row_stats", l, {B, ad.heads, S, 2});  // not the [S, S] probabilities
     s.ctx = saved("attention_context", l, {T, H});
-    Tensor ws = scratch("attention_workspace", {be.attention_workspace_elems(ad)});
+    Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
+                         {be.attention_workspace_elems(ad, compute_)});
     ops::attention_forward(be, s.qkv, batch.attention_mask, ad, layer_drop(l, 0), s.attn_stats, s.ctx, ws);
     mem.release(ws);
     s.ln1_in = saved("attention_residual", l, {T, H});
     ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
     ops::dropout_add(be, s.ln1_in, x, layer_drop(l, 1), s.ln1_in);
-    s.ln1_mean = saved("attention_ln_mean", l, {T});
-    s.ln1_rstd = saved("attention_ln_rstd", l, {T});
+    s.ln1_mean = stat("attention_ln_mean", l, {T});
+    s.ln1_rstd = stat("attention_ln_rstd", l, {T});
     s.ln1_out = saved("attention_out", l, {T, H});
     ops::layernorm_forward(be, s.ln1_in, w(P.ln1.g), w(P.ln1.b), eps, s.ln1_out, s.ln1_mean, s.ln1_rstd);
     s.ffn_pre = saved("ffn_preactivation", l, {T, I});
@@ -200,8 +212,8 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
     ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
     mem.release(ffn_act);
     ops::dropout_add(be, s.ln2_in, s.ln1_out, layer_drop(l, 2), s.ln2_in);
-    s.ln2_mean = saved("ffn_ln_mean", l, {T});
-    s.ln2_rstd = saved("ffn_ln_rstd", l, {T});
+    s.ln2_mean = stat("ffn_ln_mean", l, {T});
+    s.ln2_rstd = stat("ffn_ln_rstd", l, {T});
     s.out = saved("layer_out", l, {T, H});
     ops::layernorm_forward(be, s.ln2_in, w(P.ln2.g), w(P.ln2.b), eps, s.out, s.ln2_mean, s.ln2_rstd);
     if (!keep_for_backward)
@@ -240,14 +252,14 @@ void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, cons
 }
 
 void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
-                                                     const DropoutState& drop, float grad_scale, Tensor& loss,
-                                                     float* logits_out) {
+                                                     const DropoutState& drop, float grad_scale,
+                                                     const Tensor* loss_scale, Tensor& loss, float* logits_out) {
   const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
   const int64_t T = int64_t(B) * S, H = cfg_.hidden_size, I = cfg_.intermediate_size, C = cfg_.num_labels;
   const Activation act = cfg_.activation();
   const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
-  const int64_t attn_ws_elems = be.attention_workspace_elems(ad);
-  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, DType::F32, s); };
+  const int64_t attn_ws_elems = be.attention_workspace_elems(ad, compute_);
+  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, compute_, s); };
   // Dropout call sites: 0 embeddings, 1 + 3l + {0 probs, 1 attention output, 2 FFN output}, 3L + 1 classifier.
   auto layer_drop = [&](int l, int k) {
     return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
@@ -261,9 +273,9 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   if (logits_out && !be.dry_run) be.read(logits, logits_out, size_t(B * C));
   Tensor dlogits = scratch("logits_grad", {B, C});
   if (regression_)
-    ops::mse(be, logits, batch.labels, grad_scale, loss, dlogits);
+    ops::mse(be, logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
   else
-    ops::cross_entropy(be, logits, batch.labels, grad_scale, loss, dlogits);
+    ops::cross_entropy(be, logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
   mem.release(logits);
   be.mark(StepSpan::Backward);
 
@@ -326,12 +338,13 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     Tensor d_ctx = scratch("attention_context_grad", {T, H});
     ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
     mem.release(d_res);
-    mem.release(s.ctx);
     Tensor d_qkv = scratch("qkv_grad", {T, 3 * H});
-    Tensor ws = scratch("attention_workspace", {attn_ws_elems});
-    ops::attention_backward(be, d_ctx, s.qkv, batch.attention_mask, s.attn_stats, ad, layer_drop(l, 0), d_qkv, ws);
+    Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {attn_ws_elems});
+    ops::attention_backward(be, d_ctx, s.qkv, s.ctx, batch.attention_mask, s.attn_stats, ad, layer_drop(l, 0), d_qkv,
+                            ws);
     mem.release(ws);
     mem.release(d_ctx);
+    mem.release(s.ctx);
     mem.release(s.attn_stats);
     // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
     ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, &gqkv_b);

@@ -25,11 +25,12 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
     fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
   detail::expect_dropout(op, drop);
   const int64_t tokens = int64_t(d.batch) * d.seq;
-  detail::expect(op, "qkv", qkv, DType::F32, {tokens, 3 * int64_t(d.hidden())});
+  detail::expect_compute(be, op, "qkv", qkv);
+  detail::expect_shape(op, "qkv", qkv, {tokens, 3 * int64_t(d.hidden())});
   detail::expect(op, "mask", mask, DType::I32, {d.batch, d.seq});
   detail::expect(op, "stats", stats, DType::F32, {d.batch, d.heads, d.seq, 2});
   detail::expect_dtype(op, "workspace", workspace, DType::F32);
-  const int64_t need = be.attention_workspace_elems(d);
+  const int64_t need = be.attention_workspace_elems(d, qkv.dtype);
   if (workspace.numel() < need)
     fail("{}: workspace has {} elements, expected at least {}", op, workspace.numel(), need);
 }
@@ -39,19 +40,21 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                        const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
   check_attention("attention_forward", be, d, drop, qkv, mask, stats, workspace);
-  detail::expect("attention_forward", "ctx", ctx, DType::F32, {int64_t(d.batch) * d.seq, d.hidden()});
+  detail::expect("attention_forward", "ctx", ctx, qkv.dtype, {int64_t(d.batch) * d.seq, d.hidden()});
   if (be.dry_run) return;
   be.attention_forward(qkv, mask, d, drop, stats, ctx, workspace);
 }
 
-void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
+                        const Tensor& stats,
                         const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
   check_attention("attention_backward", be, d, drop, qkv, mask, stats, workspace);
   const int64_t tokens = int64_t(d.batch) * d.seq;
-  detail::expect("attention_backward", "dctx", dctx, DType::F32, {tokens, d.hidden()});
-  detail::expect("attention_backward", "dqkv", dqkv, DType::F32, {tokens, 3 * int64_t(d.hidden())});
+  detail::expect("attention_backward", "dctx", dctx, qkv.dtype, {tokens, d.hidden()});
+  detail::expect("attention_backward", "ctx", ctx, qkv.dtype, {tokens, d.hidden()});
+  detail::expect("attention_backward", "dqkv", dqkv, qkv.dtype, {tokens, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
-  be.attention_backward(dctx, qkv, mask, stats, d, drop, dqkv, workspace);
+  be.attention_backward(dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
 }
 
 }  // namespace ops
@@ -93,7 +96,7 @@ void probs_row(float* row, const int32_t* mask, int n, float mx, float inv) {
 
 // Heads run in parallel, one per thread, each with its own scratch: the probabilities,
 // the dropped probabilities and the score gradient of one head.
-int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d) const {
+int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d, DType) const {
   return int64_t(omp_get_max_threads()) * 3 * int64_t(d.seq) * d.seq;
 }
 
@@ -146,7 +149,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
   }
 }
 
-void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& /*ctx*/, const Tensor& mask,
+                                    const Tensor& stats,
                                     const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
                                     Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;

@@ -15,7 +15,7 @@ namespace ops {
 namespace {
 
 void check_same(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
-  detail::expect_dtype(op, name, t, DType::F32);
+  detail::expect_dtype(op, name, t, ref.dtype);
   if (!(t.shape == ref.shape))
     fail("{}: {} has shape {}, expected {} (the shape of {})", op, name, t.shape.str(), ref.shape.str(), ref_name);
 }
@@ -23,14 +23,14 @@ void check_same(const char* op, const char* name, const Tensor& t, const char* r
 }  // namespace
 
 void activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y) {
-  detail::expect_dtype("activation_forward", "x", x, DType::F32);
+  detail::expect_compute(be, "activation_forward", "x", x);
   check_same("activation_forward", "y", y, "x", x);
   if (be.dry_run) return;
   be.activation_forward(a, x, y);
 }
 
 void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
-  detail::expect_dtype("activation_backward", "x", x, DType::F32);
+  detail::expect_compute(be, "activation_backward", "x", x);
   check_same("activation_backward", "dy", dy, "x", x);
   check_same("activation_backward", "dx", dx, "x", x);
   if (be.dry_run) return;
@@ -38,14 +38,14 @@ void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tens
 }
 
 void tanh_forward(Backend& be, const Tensor& x, Tensor& y) {
-  detail::expect_dtype("tanh_forward", "x", x, DType::F32);
+  detail::expect_compute(be, "tanh_forward", "x", x);
   check_same("tanh_forward", "y", y, "x", x);
   if (be.dry_run) return;
   be.tanh_forward(x, y);
 }
 
 void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx) {
-  detail::expect_dtype("tanh_backward", "y", y, DType::F32);
+  detail::expect_compute(be, "tanh_backward", "y", y);
   check_same("tanh_backward", "dy", dy, "y", y);
   check_same("tanh_backward", "dx", dx, "y", y);
   if (be.dry_run) return;
@@ -54,7 +54,7 @@ void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx) {
 
 void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y) {
   detail::expect_dropout("dropout", d);
-  detail::expect_dtype("dropout", "x", x, DType::F32);
+  detail::expect_compute(be, "dropout", "x", x);
   check_same("dropout", "y", y, "x", x);
   if (be.dry_run) return;
   be.dropout(x, d, y);
@@ -62,7 +62,7 @@ void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y) {
 
 void dropout_add(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out) {
   detail::expect_dropout("dropout_add", d);
-  detail::expect_dtype("dropout_add", "x", x, DType::F32);
+  detail::expect_compute(be, "dropout_add", "x", x);
   check_same("dropout_add", "residual", residual, "x", x);
   check_same("dropout_add", "out", out, "x", x);
   if (be.dry_run) return;

@@ -13,21 +13,22 @@ namespace ops {
 namespace {
 
 // Checks ids/types and the three tables; returns the hidden size.
-int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, int seq, const Tensor& word,
-                        const char* word_name, const Tensor& pos, const char* pos_name, const Tensor& type,
-                        const char* type_name) {
+// The tables have dtype `table`: the compute dtype's weights, or F32 gradients.
+int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, int seq, DType table,
+                        const Tensor& word, const char* word_name, const Tensor& pos, const char* pos_name,
+                        const Tensor& type, const char* type_name) {
   detail::expect_dtype(op, "ids", ids, DType::I32);
   detail::expect(op, "types", types, DType::I32, ids.shape);
   if (seq <= 0 || ids.numel() % seq != 0)
     fail("{}: ids has {} tokens, not a whole number of sequences of {}", op, ids.numel(), seq);
-  detail::expect_dtype(op, word_name, word, DType::F32);
+  detail::expect_dtype(op, word_name, word, table);
   detail::expect_rank(op, word_name, word, 2);
   const int64_t hidden = word.shape[1];
-  detail::expect_dtype(op, pos_name, pos, DType::F32);
+  detail::expect_dtype(op, pos_name, pos, table);
   detail::expect_rank(op, pos_name, pos, 2);
   if (pos.shape[0] < seq || pos.shape[1] != hidden)
     fail("{}: {} has shape {}, expected [>= {}, {}]", op, pos_name, pos.shape.str(), seq, hidden);
-  detail::expect_dtype(op, type_name, type, DType::F32);
+  detail::expect_dtype(op, type_name, type, table);
   detail::expect_rank(op, type_name, type, 2);
   if (type.shape[1] != hidden)
     fail("{}: {} has shape {}, expected [{}, {}]", op, type_name, type.shape.str(), type.shape[0], hidden);
@@ -35,21 +36,23 @@ int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, 
 }
 
 // Checks hidden [B*S, H] against the [CLS] rows [B, H]; names as given.
-void check_first_tokens(const char* op, const Tensor& full, const char* full_name, const Tensor& first,
+void check_first_tokens(Backend& be, const char* op, const Tensor& full, const char* full_name, const Tensor& first,
                         const char* first_name, int seq) {
-  detail::expect_dtype(op, full_name, full, DType::F32);
+  detail::expect_compute(be, op, full_name, full);
   detail::expect_rank(op, full_name, full, 2);
   if (seq <= 0 || full.shape[0] % seq != 0)
     fail("{}: {} has shape {}, not a whole number of sequences of {}", op, full_name, full.shape.str(), seq);
-  detail::expect(op, first_name, first, DType::F32, {full.shape[0] / seq, full.shape[1]});
+  detail::expect(op, first_name, first, full.dtype, {full.shape[0] / seq, full.shape[1]});
 }
 
 }  // namespace
 
 void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
                        const Tensor& type, int seq, Tensor& out) {
-  const int64_t hidden = check_embedding("embedding_forward", ids, types, seq, word, "word", pos, "pos", type, "type");
-  detail::expect("embedding_forward", "out", out, DType::F32, {ids.numel(), hidden});
+  detail::expect_compute(be, "embedding_forward", "out", out);
+  const int64_t hidden =
+      check_embedding("embedding_forward", ids, types, seq, out.dtype, word, "word", pos, "pos", type, "type");
+  detail::expect_shape("embedding_forward", "out", out, {ids.numel(), hidden});
   if (be.dry_run) return;
   be.embedding_forward(ids, types, word, pos, type, seq, out);
 }
@@ -57,20 +60,21 @@ void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, cons
 void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
                         Tensor& dword, Tensor& dpos, Tensor& dtype) {
   const int64_t hidden =
-      check_embedding("embedding_backward", ids, types, seq, dword, "dword", dpos, "dpos", dtype, "dtype");
-  detail::expect("embedding_backward", "dout", dout, DType::F32, {ids.numel(), hidden});
+      check_embedding("embedding_backward", ids, types, seq, DType::F32, dword, "dword", dpos, "dpos", dtype, "dtype");
+  detail::expect_compute(be, "embedding_backward", "dout", dout);
+  detail::expect_shape("embedding_backward", "dout", dout, {ids.numel(), hidden});
   if (be.dry_run) return;
   be.embedding_backward(dout, ids, types, seq, dword, dpos, dtype);
 }
 
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out) {
-  check_first_tokens("gather_first_tokens", hidden, "hidden", out, "out", seq);
+  check_first_tokens(be, "gather_first_tokens", hidden, "hidden", out, "out", seq);
   if (be.dry_run) return;
   be.gather_first_tokens(hidden, seq, out);
 }
 
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden) {
-  check_first_tokens("scatter_first_tokens", dhidden, "dhidden", dout, "dout", seq);
+  check_first_tokens(be, "scatter_first_tokens", dhidden, "dhidden", dout, "dout", seq);
   if (be.dry_run) return;
   be.scatter_first_tokens(dout, seq, dhidden);
 }

@@ -13,13 +13,13 @@ namespace ops {
 namespace {
 
 // Checks x, gamma and the per-row statistics; returns the normalized width.
-int64_t check_layernorm(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+int64_t check_layernorm(Backend& be, const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd) {
-  detail::expect_dtype(op, "x", x, DType::F32);
+  detail::expect_compute(be, op, "x", x);
   if (x.shape.rank < 1) fail("{}: x has shape {}, expected rank >= 1", op, x.shape.str());
   const int64_t cols = x.shape[x.shape.rank - 1];
   const int64_t rows = cols ? x.numel() / cols : 0;
-  detail::expect(op, "gamma", gamma, DType::F32, {cols});
+  detail::expect(op, "gamma", gamma, x.dtype, {cols});
   detail::expect(op, "mean", mean, DType::F32, {rows});
   detail::expect(op, "rstd", rstd, DType::F32, {rows});
   return cols;
@@ -29,18 +29,18 @@ int64_t check_layernorm(const char* op, const Tensor& x, const Tensor& gamma, co
 
 void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                        Tensor& mean, Tensor& rstd) {
-  const int64_t cols = check_layernorm("layernorm_forward", x, gamma, mean, rstd);
-  detail::expect("layernorm_forward", "beta", beta, DType::F32, {cols});
-  detail::expect("layernorm_forward", "y", y, DType::F32, x.shape);
+  const int64_t cols = check_layernorm(be, "layernorm_forward", x, gamma, mean, rstd);
+  detail::expect("layernorm_forward", "beta", beta, x.dtype, {cols});
+  detail::expect("layernorm_forward", "y", y, x.dtype, x.shape);
   if (be.dry_run) return;
   be.layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
 }
 
 void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  const int64_t cols = check_layernorm("layernorm_backward", x, gamma, mean, rstd);
-  detail::expect("layernorm_backward", "dy", dy, DType::F32, x.shape);
-  detail::expect("layernorm_backward", "dx", dx, DType::F32, x.shape);
+  const int64_t cols = check_layernorm(be, "layernorm_backward", x, gamma, mean, rstd);
+  detail::expect("layernorm_backward", "dy", dy, x.dtype, x.shape);
+  detail::expect("layernorm_backward", "dx", dx, x.dtype, x.shape);
   detail::expect("layernorm_backward", "dgamma", dgamma, DType::F32, {cols});
   detail::expect("layernorm_backward", "dbeta", dbeta, DType::F32, {cols});
   if (be.dry_run) return;

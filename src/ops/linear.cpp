@@ -19,9 +19,9 @@ struct LinearDims {
 };
 
 // Checks x [M, K] and w [N, K].
-LinearDims linear_dims(const char* op, const Tensor& x, const Tensor& w) {
-  detail::expect_dtype(op, "x", x, DType::F32);
-  detail::expect_dtype(op, "w", w, DType::F32);
+LinearDims linear_dims(Backend& be, const char* op, const Tensor& x, const Tensor& w) {
+  detail::expect_compute(be, op, "x", x);
+  detail::expect_dtype(op, "w", w, x.dtype);
   detail::expect_rank(op, "x", x, 2);
   detail::expect_rank(op, "w", w, 2);
   if (w.shape[1] != x.shape[1])
@@ -32,18 +32,18 @@ LinearDims linear_dims(const char* op, const Tensor& x, const Tensor& w) {
 }  // namespace
 
 void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
-  const auto [m, k, n] = linear_dims("linear_forward", x, w);
-  if (b) detail::expect("linear_forward", "b", *b, DType::F32, {n});
-  detail::expect("linear_forward", "y", y, DType::F32, {m, n});
+  const auto [m, k, n] = linear_dims(be, "linear_forward", x, w);
+  if (b) detail::expect("linear_forward", "b", *b, x.dtype, {n});
+  detail::expect("linear_forward", "y", y, x.dtype, {m, n});
   if (be.dry_run) return;
   be.linear_forward(x, w, b, y);
 }
 
 void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
                      Tensor& dw, Tensor* db) {
-  const auto [m, k, n] = linear_dims("linear_backward", x, w);
-  detail::expect("linear_backward", "dy", dy, DType::F32, {m, n});
-  if (dx) detail::expect("linear_backward", "dx", *dx, DType::F32, {m, k});
+  const auto [m, k, n] = linear_dims(be, "linear_backward", x, w);
+  detail::expect("linear_backward", "dy", dy, x.dtype, {m, n});
+  if (dx) detail::expect("linear_backward", "dx", *dx, x.dtype, {m, k});
   detail::expect("linear_backward", "dw", dw, DType::F32, {n, k});
   if (db) detail::expect("linear_backward", "db", *db, DType::F32, {n});
   if (be.dry_run) return;

@@ -11,27 +11,38 @@ namespace hone {
 
 namespace ops {
 
-void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
-                   Tensor& dlogits) {
-  detail::expect_dtype("cross_entropy", "logits", logits, DType::F32);
+namespace {
+void check_loss_scale(const char* op, const Tensor* loss_scale) {
+  if (loss_scale && (loss_scale->dtype != DType::F32 || loss_scale->numel() < 1))
+    fail("{}: loss_scale has dtype {} and {} elements, expected F32 with at least 1", op,
+         dtype_name(loss_scale->dtype), loss_scale->numel());
+}
+}  // namespace
+
+void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
+                   Tensor& loss, Tensor& dlogits) {
+  detail::expect_compute(be, "cross_entropy", "logits", logits);
+  check_loss_scale("cross_entropy", loss_scale);
   detail::expect_rank("cross_entropy", "logits", logits, 2);
   detail::expect("cross_entropy", "labels", labels, DType::I32, {logits.shape[0]});
   detail::expect("cross_entropy", "loss", loss, DType::F32, {1});
-  detail::expect("cross_entropy", "dlogits", dlogits, DType::F32, logits.shape);
+  detail::expect("cross_entropy", "dlogits", dlogits, logits.dtype, logits.shape);
   if (be.dry_run) return;
-  be.cross_entropy(logits, labels, grad_scale, loss, dlogits);
+  be.cross_entropy(logits, labels, grad_scale, loss_scale, loss, dlogits);
 }
 
-void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) {
-  detail::expect_dtype("mse", "pred", pred, DType::F32);
+void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale, const Tensor* loss_scale,
+         Tensor& loss, Tensor& dpred) {
+  detail::expect_compute(be, "mse", "pred", pred);
+  check_loss_scale("mse", loss_scale);
   const int64_t batch = pred.shape.rank >= 1 ? pred.shape[0] : 0;
   if (!(pred.shape == Shape{batch} || pred.shape == Shape{batch, 1}))
     fail("mse: pred has shape {}, expected [B] or [B, 1]", pred.shape.str());
   detail::expect("mse", "target", target, DType::F32, {batch});
   detail::expect("mse", "loss", loss, DType::F32, {1});
-  detail::expect("mse", "dpred", dpred, DType::F32, pred.shape);
+  detail::expect("mse", "dpred", dpred, pred.dtype, pred.shape);
   if (be.dry_run) return;
-  be.mse(pred, target, grad_scale, loss, dpred);
+  be.mse(pred, target, grad_scale, loss_scale, loss, dpred);
 }
 
 }  // namespace ops
@@ -40,8 +51,8 @@ namespace {
 constexpr int32_t kIgnoreIndex = -100;  // torch.nn.CrossEntropyLoss's default
 }
 
-void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& loss,
-                               Tensor& dlogits) {
+void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
+                               Tensor& loss, Tensor& dlogits) {
   const int64_t rows = logits.shape[0], classes = logits.shape[1];
   const int32_t* lp = labels.ptr<int32_t>();
   int64_t valid = 0;
@@ -55,7 +66,8 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, float
   float* dp = dlogits.f32();
   // With no valid row the loss is 0 and so is every gradient (torch gives NaN; a batch of
   // only ignored rows should not poison training).
-  const double coef = valid ? double(grad_scale) / double(valid) : 0.0;
+  const double scale = double(grad_scale) * (loss_scale ? double(loss_scale->f32()[0]) : 1.0);
+  const double coef = valid ? scale / double(valid) : 0.0;
   double total = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int64_t r = 0; r < rows; ++r) {
@@ -78,11 +90,13 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& labels, float
   loss.f32()[0] = valid ? float(total / double(valid)) : 0.0f;
 }
 
-void CpuBackend::mse(const Tensor& pred, const Tensor& target, float grad_scale, Tensor& loss, Tensor& dpred) {
+void CpuBackend::mse(const Tensor& pred, const Tensor& target, float grad_scale, const Tensor* loss_scale,
+                     Tensor& loss, Tensor& dpred) {
   const int64_t n = target.numel();
   const float *pp = pred.f32(), *tp = target.f32();
   float* dp = dpred.f32();
-  const double coef = n ? 2.0 * double(grad_scale) / double(n) : 0.0;
+  const double scale = double(grad_scale) * (loss_scale ? double(loss_scale->f32()[0]) : 1.0);
+  const double coef = n ? 2.0 * scale / double(n) : 0.0;
   double total = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double diff = double(pp[i]) - tp[i];

@@ -14,7 +14,7 @@ namespace hone {
 namespace ops {
 
 void fill(Backend& be, Tensor& x, float value) {
-  detail::expect_dtype("fill", "x", x, DType::F32);
+  detail::expect_compute(be, "fill", "x", x);
   if (be.dry_run) return;
   be.fill(x, value);
 }
@@ -25,6 +25,15 @@ void copy(Backend& be, const Tensor& src, Tensor& dst) {
          src.shape.str(), dst.bytes(), dtype_name(dst.dtype), dst.shape.str());
   if (be.dry_run) return;
   be.copy(src, dst);
+}
+
+void cast(Backend& be, const Tensor& src, Tensor& dst) {
+  detail::expect_dtype("cast", "src", src, DType::F32);
+  detail::expect_compute(be, "cast", "dst", dst);
+  if (src.numel() != dst.numel())
+    fail("cast: src has {} elements ({}), dst {} ({})", src.numel(), src.shape.str(), dst.numel(), dst.shape.str());
+  if (be.dry_run) return;
+  be.cast(src, dst);
 }
 
 }  // namespace ops
@@ -78,5 +87,8 @@ void CpuBackend::read(const Tensor& src, float* host, size_t n) {
   HONE_CHECK(n <= size_t(src.numel()), "read of {} values from a tensor of shape {}", n, src.shape.str());
   if (n > 0) std::memcpy(host, src.f32(), n * sizeof(float));
 }
+
+// Only ever F32 to F32 here (expect_compute keeps half tensors off the CPU backend).
+void CpuBackend::cast(const Tensor& src, Tensor& dst) { copy(src, dst); }
 
 }  // namespace hone

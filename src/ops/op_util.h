@@ -10,6 +10,16 @@ inline void expect_dtype(const char* op, const char* name, const Tensor& t, DTyp
   if (t.dtype != want) fail("{}: {} has dtype {}, expected {}", op, name, dtype_name(t.dtype), dtype_name(want));
 }
 
+// A tensor of the run's compute dtype: F32, or BF16 / F16 under mixed precision, which the
+// CPU reference does not compute in.
+inline void expect_compute(Backend& be, const char* op, const char* name, const Tensor& t) {
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
+    fail("{}: {} has dtype {}, expected F32, BF16 or F16", op, name, dtype_name(t.dtype));
+  if (t.dtype != DType::F32 && be.device() == Device::CPU && !be.dry_run)  // plans may be made anywhere
+    fail("{}: {} is {}, but the CPU backend computes in F32 only (mixed precision needs a GPU)", op, name,
+         dtype_name(t.dtype));
+}
+
 inline void expect_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
   if (!(t.shape == want)) fail("{}: {} has shape {}, expected {}", op, name, t.shape.str(), want.str());
 }

@@ -20,11 +20,15 @@ void sum_squares(Backend& be, const Tensor* xs, int count, Tensor& out) {
     be.sum_squares(xs + first, std::min(kMaxTensorList, count - first), out);
 }
 
-void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
+void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
+                      const LossScaling& ls) {
   detail::expect("clip_coefficient", "sumsq", sumsq, DType::F32, {1});
-  detail::expect("clip_coefficient", "norm_coef", norm_coef, DType::F32, {2});
+  detail::expect("clip_coefficient", "norm_coef", norm_coef, DType::F32, {kNormCoefSize});
+  if (scaler) detail::expect("clip_coefficient", "scaler", *scaler, DType::F32, {kScalerSize});
+  if (!(ls.growth_factor > 1 && ls.backoff_factor > 0 && ls.backoff_factor < 1 && ls.growth_interval >= 1))
+    fail("clip_coefficient: loss scaling needs growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1");
   if (be.dry_run) return;
-  be.clip_coefficient(sumsq, max_norm, norm_coef);
+  be.clip_coefficient(sumsq, max_norm, norm_coef, scaler, ls);
 }
 
 void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
@@ -40,8 +44,13 @@ void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s,
     detail::expect("adamw", "grad", x.grad, DType::F32, x.param.shape);
     detail::expect("adamw", "m", x.m, DType::F32, x.param.shape);
     detail::expect("adamw", "v", x.v, DType::F32, x.param.shape);
+    if (x.half.shape.rank > 0) {  // a half-precision copy to write
+      if (x.half.dtype != DType::BF16 && x.half.dtype != DType::F16)
+        fail("adamw: half has dtype {}, expected BF16 or F16", dtype_name(x.half.dtype));
+      detail::expect_shape("adamw", "half", x.half, x.param.shape);
+    }
   }
-  detail::expect("adamw", "norm_coef", norm_coef, DType::F32, {2});
+  detail::expect("adamw", "norm_coef", norm_coef, DType::F32, {kNormCoefSize});
   if (s.step < 1) fail("adamw: step is {}, expected >= 1", s.step);
   if (be.dry_run) return;
   for (int first = 0; first < count; first += kMaxTensorList)
@@ -62,16 +71,36 @@ void CpuBackend::sum_squares(const Tensor* xs, int count, Tensor& out) {
   }
 }
 
-void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef) {
-  const double norm = std::sqrt(double(sumsq.f32()[0]));
+void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
+                                  const LossScaling& ls) {
+  // Without a scaler inv_scale is 1 and the products by it are exact.
+  float* state = scaler ? scaler->f32() : nullptr;
+  const float s = sumsq.f32()[0];
+  const double inv_scale = state ? 1.0 / double(state[0]) : 1.0;
+  const double norm = std::sqrt(double(s)) * inv_scale;
   double coef = 1.0;
   if (max_norm > 0) {
     coef = double(max_norm) / (norm + 1e-6);
     if (coef > 1.0) coef = 1.0;  // written so that a NaN norm stays NaN, as torch's clamp
   }
+  const bool overflow = state && !std::isfinite(s);
   float* out = norm_coef.f32();
   out[0] = float(norm);
-  out[1] = float(coef);
+  out[1] = float(coef * inv_scale);
+  out[2] = overflow ? 1.0f : 0.0f;
+  if (!state) return;
+  // torch's _amp_update_scale_: back off on an overflow, grow after growth_interval clean
+  // steps in a row (unless the grown scale would overflow float).
+  if (overflow) {
+    state[0] *= ls.backoff_factor;
+    state[1] = 0.0f;
+  } else if (const float clean = state[1] + 1.0f; clean >= float(ls.growth_interval)) {
+    const float grown = state[0] * ls.growth_factor;
+    if (std::isfinite(grown)) state[0] = grown;
+    state[1] = 0.0f;
+  } else {
+    state[1] = clean;
+  }
 }
 
 void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
@@ -81,6 +110,7 @@ void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, 
   const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
   const float w1 = float(1.0 - s.beta1), w2 = float(1.0 - s.beta2), b2 = float(s.beta2);
   const float eps = float(s.eps);
+  if (norm_coef.f32()[2] != 0) return;  // a skipped step: the gradients overflowed
   const float clip = norm_coef.f32()[1];
   for (int t = 0; t < count; ++t) {
     const AdamWSlice& x = slices[t];
@@ -88,6 +118,11 @@ void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, 
     float *pp = x.param.f32(), *mp = x.m.f32(), *vp = x.v.f32();
     const float* gp = x.grad.f32();
     const int64_t n = x.param.numel();
+    // The rounded copy, if any: BF16 or F16 bits.
+    uint16_t* hp = x.half.ptr<uint16_t>();
+    if (hp && x.half.dtype != DType::BF16 && x.half.dtype != DType::F16)
+      fail("adamw: the rounded copy of the parameters is {}, not BF16 or F16", dtype_name(x.half.dtype));
+    uint16_t (*round)(float) = x.half.dtype == DType::F16 ? float_to_f16 : float_to_bf16;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float g = gp[i] * clip;
@@ -96,6 +131,7 @@ void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, 
       vp[i] = vp[i] * b2 + w2 * g * g;
       const float denom = std::sqrt(vp[i]) / bias2_sqrt + eps;
       pp[i] -= step_size * (mp[i] / denom);
+      if (hp) hp[i] = round(pp[i]);
     }
   }
 }

@@ -117,6 +117,8 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add_bool(app, "logging_first_step", a.logging_first_step, "Also log the first step");
   add_bool(app, "disable_tqdm", a.disable_tqdm, "No progress bar");
   add_bool(app, "tf32", a.tf32, "TF32 tensor cores for fp32 matrix products (CUDA)");
+  add_bool(app, "bf16", a.bf16, "bf16 mixed precision (CUDA): fp32 master weights, bf16 products and activations");
+  add_bool(app, "fp16", a.fp16, "fp16 mixed precision (CUDA) with dynamic loss scaling");
   add(app, "device", a.device, "auto, cpu or cuda");
   add(app, "threads", a.threads, "CPU threads; 0 = all cores");
 }
@@ -223,7 +225,10 @@ void validate(const TrainingArguments& a) {
   if (!one_of(a.device, kDevices))
     fail("--device: expected one of {}, got '{}'", fmt::join(kDevices, ", "), a.device);
   if (a.train_file.empty()) parse_synthetic_dataset(a.dataset);
+  if (a.bf16 && a.fp16) fail("--bf16 and --fp16: choose one mixed precision");
 }
+
+DType compute_dtype(const TrainingArguments& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
 
 std::string best_metric_key(const TrainingArguments& a) {
   std::string m = a.metric_for_best_model.empty() ? "loss" : a.metric_for_best_model;

@@ -125,9 +125,10 @@ void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles&
                     {{"format", "hone"}, {"step", std::to_string(state.global_step)}});
   nlohmann::ordered_json sched;
   sched["lr_scheduler_type"] = a.lr_scheduler_type;
-  sched["last_epoch"] = state.global_step;
+  const int64_t applied = state.global_step - run.skipped_steps();  // fp16 skips hold the schedule
+  sched["last_epoch"] = applied;
   sched["total_steps"] = sc.total_updates;
-  sched["last_lr"] = learning_rate_at(a, state.global_step, sc.total_updates);
+  sched["last_lr"] = learning_rate_at(a, applied, sc.total_updates);
   write_file_atomic((tmp / "scheduler.json").string(), sched.dump(2) + "\n");
   // Every random draw of hone is a counter-based Philox stream: the seed and the counters
   // (the micro-step for dropout, the epoch for the data order) are the whole RNG state.
@@ -136,6 +137,14 @@ void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles&
   rng["micro_steps"] = state.micro_steps;
   rng["epoch"] = state.epoch;
   write_file_atomic((tmp / "rng_state.json").string(), rng.dump(2) + "\n");
+  if (run.loss_scaling()) {  // GradScaler's state (Trainer keeps it in scaler.pt)
+    const auto [scale, clean, skipped] = run.scaler_state();
+    nlohmann::ordered_json sj;
+    sj["scale"] = scale;
+    sj["growth_tracker"] = int64_t(clean);
+    sj["skipped_steps"] = int64_t(skipped);
+    write_file_atomic((tmp / "scaler.json").string(), sj.dump(2) + "\n");
+  }
   write_file_atomic((tmp / "trainer_state.json").string(), state.to_json(a, sc).dump(2) + "\n");
   sync_directory(tmp.string());
 
@@ -179,6 +188,18 @@ TrainerState load_checkpoint(const std::string& dir, TrainingRun& run) {
   opt.read_f32(*em, m.data(), int64_t(n));
   opt.read_f32(*ev, v.data(), int64_t(n));
   run.write_optimizer_state(m.data(), v.data());
+  if (run.loss_scaling()) {
+    const fs::path scaler_path = d / "scaler.json";
+    if (fs::exists(scaler_path)) {
+      const nlohmann::json sj = read_json(scaler_path);
+      try {
+        run.set_scaler_state({sj.at("scale").get<double>(), sj.at("growth_tracker").get<double>(),
+                              sj.at("skipped_steps").get<double>()});
+      } catch (const nlohmann::json::exception& e) {
+        fail("{}: {}", scaler_path.string(), e.what());
+      }
+    }  // else a checkpoint of an fp32 or bf16 run: the scaler starts afresh, as in Trainer
+  }
 
   const fs::path state_path = d / "trainer_state.json";
   return TrainerState::from_json(read_json(state_path), state_path.string());

@@ -66,7 +66,13 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
     nlohmann::ordered_json e;
     e["loss"] = st.loss_since_log / double(st.global_step - st.last_logged_step);
     e["grad_norm"] = run.last_grad_norm();
-    e["learning_rate"] = learning_rate_at(a, st.global_step, sc.total_updates);  // what the next update uses
+    const int64_t skipped = run.skipped_steps();
+    // What the next update uses: as Trainer, the schedule holds on steps fp16 skipped.
+    e["learning_rate"] = learning_rate_at(a, st.global_step - skipped, sc.total_updates);
+    if (run.loss_scaling()) {
+      e["loss_scale"] = run.loss_scale();
+      e["skipped_steps"] = skipped;
+    }
     e["epoch"] = st.epoch;
     e["step"] = st.global_step;
     st.total_loss += st.loss_since_log;
@@ -125,7 +131,9 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
         model_flops += run.model().training_flops(b->rows, b->seq);
         run.micro_step(*b, 1.0f / float(window), uint64_t(st.micro_steps++));
       }
-      run.optimizer_step(learning_rate_at(a, st.global_step, sc.total_updates), st.global_step + 1);
+      // Under fp16 the schedule and AdamW's step count only advance on applied updates.
+      const int64_t applied = st.global_step - run.skipped_steps();
+      run.optimizer_step(learning_rate_at(a, applied, sc.total_updates), applied + 1);
       ++st.global_step;
       st.epoch = double(epoch) + double(first + window) / double(sc.micro_per_epoch);
       const bool epoch_end = first + window >= sc.micro_per_epoch, last = st.global_step == sc.total_updates;

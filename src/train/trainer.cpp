@@ -72,7 +72,15 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
     for (Tensor* t : {&adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
     if (!scoped_grads_)
       for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+    if (loss_scaling()) {
+      scaler_host_ = static_cast<float*>(be_.allocate_host(3 * sizeof(float)));
+      set_scaler_state({LossScaling{}.init_scale, 0, 0});
+    }
   }
+}
+
+TrainingRun::~TrainingRun() {
+  if (scaler_host_) be_.deallocate_host(scaler_host_);
 }
 
 MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
@@ -106,14 +114,15 @@ MemoryPlan TrainingRun::record_plan() {
 
 void TrainingRun::setup(BufferSource& mem) {
   // Without training, no gradient buffer is ever taken (as with step-scoped ones).
-  model_->bind_parameters(mem, scoped_grads_ || !phases_.train);
+  model_->bind_parameters(mem, scoped_grads_ || !phases_.train, compute_dtype(args_));
   if (!phases_.train) return;
   const int64_t n = model_->layout().count();
   adam_m_ = mem.take(Category::OptimizerState, "adam_exp_avg", -1, DType::F32, {n});
   adam_v_ = mem.take(Category::OptimizerState, "adam_exp_avg_sq", -1, DType::F32, {n});
   loss_sum_ = mem.take(Category::Workspace, "loss_sum", -1, DType::F32, {1});
   sumsq_ = mem.take(Category::Workspace, "grad_sum_squares", -1, DType::F32, {1});
-  norm_coef_ = mem.take(Category::Workspace, "grad_norm_and_clip", -1, DType::F32, {2});
+  norm_coef_ = mem.take(Category::Workspace, "grad_norm_and_clip", -1, DType::F32, {kNormCoefSize});
+  if (loss_scaling()) scaler_ = mem.take(Category::Workspace, "loss_scaler", -1, DType::F32, {kScalerSize});
 }
 
 float* TrainingRun::host_weights() {
@@ -140,6 +149,11 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
              c.type_vocab_size);
       if (mask[i] != 0 && mask[i] != 1)
         fail("batch row {}, position {}: attention mask value {} is not 0 or 1", b, t, mask[i]);
+      // The fused attention of mixed precision takes each row's length, not a mask.
+      if (model_->mixed() && t > 0 && mask[i] == 1 && mask[i - 1] == 0)
+        fail("batch row {}: the attention mask is not right-padded (a 1 at position {} after a 0); --bf16 and "
+             "--fp16 need padding at the end of each sequence",
+             b, t);
     }
     if (!labels) continue;
     if (model_->regression()) {
@@ -153,6 +167,7 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
 
 void TrainingRun::write_weights(const float* host) {
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
+  if (model_->mixed()) ops::cast(be_, model_->weights(), const_cast<Tensor&>(model_->compute_weights()));
   be_.synchronize();
 }
 
@@ -185,6 +200,13 @@ void TrainingRun::read_grads(float* host) {
     ops::copy(be_, model_->grad(k), dst);
   }
   be_.synchronize();
+  // Under fp16 the buffers hold the gradients times the loss scale, as torch's .grad
+  // before GradScaler.unscale_; the caller gets the gradients of the loss.
+  if (loss_scaling()) {
+    const double inv = 1.0 / loss_scale();
+    const int64_t n = model_->layout().count();
+    for (int64_t i = 0; i < n; ++i) host[i] = float(host[i] * inv);
+  }
 }
 
 void TrainingRun::micro_step(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
@@ -236,7 +258,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   be_.mark(StepSpan::Forward);
   BatchTensors b = upload(mem, ids, mask, types, labels, true, batch, seq);
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
-  model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true}, grad_scale, loss, logits_out);
+  model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true}, grad_scale,
+                           loss_scaling() ? &scaler_ : nullptr, loss, logits_out);
   ops::add_scaled(be_, loss, grad_scale, loss_sum_);
   mem.release(loss);
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels}) mem.release(*t);
@@ -270,6 +293,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   be_.mark(StepSpan::Optimizer);
   const auto& groups = model_->layout().groups();
   Tensor& weights = model_->weights();
+  const Tensor& half = model_->compute_weights();
   grad_list_.clear();
   adamw_list_.clear();
   const AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step};
@@ -282,13 +306,21 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
                               std::tuple{pg.decayed_end, pg.end, 0.0}})
       if (lo < hi)
         adamw_list_.push_back({weights.rows(lo, hi), grad.rows(lo - pg.begin, hi - pg.begin), adam_m_.rows(lo, hi),
-                               adam_v_.rows(lo, hi), wd});
+                               adam_v_.rows(lo, hi), wd, model_->mixed() ? half.rows(lo, hi) : Tensor{}});
   }
   // One launch each for the norm and the update of every group (per 48 tensors).
   ops::fill(be_, sumsq_, 0.0f);
   ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
-  ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_);
+  ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_, loss_scaling() ? &scaler_ : nullptr);
   ops::adamw(be_, adamw_list_.data(), int(adamw_list_.size()), s, norm_coef_);
+  if (loss_scaling() && !be_.dry_run) {
+    // Whether this step was skipped, and the new scale: read back once the next
+    // micro-step is queued (skipped_steps), so the GPU never idles waiting on the host.
+    Tensor skipped = host_tensor(scaler_host_, DType::F32, {1}), state = host_tensor(scaler_host_ + 1, DType::F32, {2});
+    ops::copy(be_, norm_coef_.rows(2, 3), skipped);
+    ops::copy(be_, scaler_, state);
+    scaler_read_pending_ = true;
+  }
   if (scoped_grads_) {
     model_->release_grads(mem);
     step_open_ = false;
@@ -306,10 +338,43 @@ double TrainingRun::take_loss_sum() {
   return v;
 }
 
+int64_t TrainingRun::skipped_steps() {
+  if (scaler_read_pending_) {
+    be_.wait_for_reads();
+    if (scaler_host_[0] != 0.0f) ++skipped_steps_;
+    scaler_read_pending_ = false;
+  }
+  return skipped_steps_;
+}
+
+double TrainingRun::loss_scale() {
+  if (!loss_scaling()) return 1.0;
+  skipped_steps();
+  return scaler_host_[1];
+}
+
+std::array<double, 3> TrainingRun::scaler_state() {
+  if (!loss_scaling()) return {1.0, 0, 0};
+  const int64_t skipped = skipped_steps();
+  return {scaler_host_[1], scaler_host_[2], double(skipped)};
+}
+
+void TrainingRun::set_scaler_state(const std::array<double, 3>& st) {
+  HONE_CHECK(loss_scaling(), "a loss scaler state for a run without --fp16");
+  skipped_steps();
+  const float device[kScalerSize] = {float(st[0]), float(st[1])};
+  ops::copy(be_, host_tensor(device, DType::F32, {kScalerSize}), scaler_);
+  be_.synchronize();
+  scaler_host_[0] = 0.0f;
+  scaler_host_[1] = device[0];
+  scaler_host_[2] = device[1];
+  skipped_steps_ = int64_t(st[2]);
+}
+
 double TrainingRun::last_grad_norm() {
-  float v[2] = {0, 0};
-  be_.read(norm_coef_, v, 2);
-  return v[0];
+  float v = 0;
+  be_.read(norm_coef_, &v, 1);
+  return v;
 }
 
 }  // namespace hone

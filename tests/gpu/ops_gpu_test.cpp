@@ -244,13 +244,13 @@ TEST_F(GpuOps, AttentionMatchesCpuWithPaddingAndDropout) {
       const DropoutSpec drop{p, 1234, 5};
       Both qkv(g, random({T, 3 * H}, 11)), mask(g, clone(mask_host)), dctx(g, random({T, H}, 12));
       Both stats(g, nans({d.batch, d.heads, d.seq, 2})), ctx(g, nans({T, H})), dqkv(g, nans({T, 3 * H}));
-      HostTensor cpu_work(DType::F32, {cpu.attention_workspace_elems(d)});
-      DeviceTensor work(g, nans({std::max(g.attention_workspace_elems(d), tf32->attention_workspace_elems(d))}));
+      HostTensor cpu_work(DType::F32, {cpu.attention_workspace_elems(d, DType::F32)});
+      DeviceTensor work(g, nans({std::max(g.attention_workspace_elems(d, DType::F32), tf32->attention_workspace_elems(d, DType::F32))}));
       auto forward = [&](Backend& be, Side s) {
         ops::attention_forward(be, qkv[s], mask[s], d, drop, stats[s], ctx[s], s == kCpu ? cpu_work.t : work.t);
       };
       auto backward = [&](Backend& be, Side s) {
-        ops::attention_backward(be, dctx[s], qkv[s], mask[s], stats[s], d, drop, dqkv[s],
+        ops::attention_backward(be, dctx[s], qkv[s], ctx[s], mask[s], stats[s], d, drop, dqkv[s],
                                 s == kCpu ? cpu_work.t : work.t);
       };
       forward(cpu, kCpu);
@@ -404,7 +404,7 @@ TEST_F(GpuOps, CrossEntropyMatchesCpuWithIgnoredRows) {
     Both logits(g, random({c.rows, c.classes}, 2, -2.0f, 2.0f)), labels(g, std::move(labels_host));
     Both loss(g, nans({1})), dlogits(g, nans({c.rows, c.classes}));
     for (auto [be, s] : sides())
-      ops::cross_entropy(*be, logits[s], labels[s], 0.5f, loss[s], dlogits[s]);
+      ops::cross_entropy(*be, logits[s], labels[s], 0.5f, nullptr, loss[s], dlogits[s]);
     // With every row ignored both must be exactly 0: the tolerance scales with the reference.
     const std::string at = fmt::format(" ({} x {}, {} ignored)", c.rows, c.classes, c.ignored.size());
     expect_close("loss" + at, loss, kFp32Tol);
@@ -417,7 +417,7 @@ TEST_F(GpuOps, MseMatchesCpu) {
   for (Shape shape : {Shape{5}, Shape{5, 1}, Shape{1001}}) {
     Both pred(g, random(shape, 1)), target(g, random({shape[0]}, 2)), loss(g, nans({1})), dpred(g, nans(shape));
     for (auto [be, s] : sides())
-      ops::mse(*be, pred[s], target[s], 2.0f, loss[s], dpred[s]);
+      ops::mse(*be, pred[s], target[s], 2.0f, nullptr, loss[s], dpred[s]);
     expect_close("loss " + shape.str(), loss, kFp32Tol);
     expect_close("dpred " + shape.str(), dpred, kFp32Tol);
   }
@@ -451,11 +451,11 @@ TEST_F(GpuOps, ClipCoefficientMatchesCpu) {
   Backend& g = gpu();
   for (float sumsq : {9.0f, 1e-12f, 0.0f, 2.5e7f})
     for (float max_norm : {1.0f, 10.0f, 0.0f, -1.0f, 1e-6f}) {
-      Both in(g, filled({1}, sumsq)), coef(g, nans({2}));
+      Both in(g, filled({1}, sumsq)), coef(g, nans({kNormCoefSize}));
       for (auto [be, s] : sides())
         ops::clip_coefficient(*be, in[s], max_norm, coef[s]);
       const std::vector<float> got = coef.gpu.download();
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < kNormCoefSize; ++i)
         EXPECT_NEAR(got[size_t(i)], coef.cpu.f()[i], 1e-6 * std::fabs(coef.cpu.f()[i]))
             << "norm_coef[" << i << "] for sumsq " << sumsq << ", max_norm " << max_norm;
     }
@@ -473,7 +473,7 @@ TEST_F(GpuOps, TensorListOptimizerMatchesCpu) {
     m.emplace_back(g, filled({n}, 0.02f));
     v.emplace_back(g, filled({n}, 0.03f));
   }
-  Both coef(g, filled({2}, 0.8f)), sumsq(g, filled({1}, 0.0f));
+  Both coef(g, test::norm_coef(0.8f)), sumsq(g, filled({1}, 0.0f));
   const AdamWStep st{.lr = 0.05, .step = 2};
   for (auto [be, s] : sides()) {
     std::vector<AdamWSlice> slices;
@@ -495,7 +495,7 @@ TEST_F(GpuOps, TensorListOptimizerMatchesCpu) {
 TEST_F(GpuOps, AdamWTwoStepsMatchCpu) {
   Backend& g = gpu();
   for (int64_t n : {int64_t(7), int64_t(1 << 20) + 3}) {
-    Both p(g, random({n}, 1)), m(g, filled({n}, 0.0f)), v(g, filled({n}, 0.0f)), coef(g, filled({2}, 0.0f));
+    Both p(g, random({n}, 1)), m(g, filled({n}, 0.0f)), v(g, filled({n}, 0.0f)), coef(g, test::norm_coef(0.0f));
     for (int step = 1; step <= 2; ++step) {
       Both grad(g, random({n}, uint64_t(10 + step)));
       // The first step is clipped; the coefficient is read from device memory.

@@ -1,0 +1,552 @@
+// The mixed-precision (BF16, F16) paths of the CUDA element-wise, memory, embedding and
+// loss kernels against their F32 path on the same values: inputs are rounded to the half
+// type on the host first, so both paths see the same numbers and differ only by where
+// the result is rounded. Kernels compute in F32 and round once on the store, so a result
+// is the F32 result rounded (bit for bit where the arithmetic cannot contract
+// differently: dropout, embedding sums, data movement), or within half an ulp of the
+// half type: 2^-8 relative for bf16 (8 significant bits), 2^-11 for fp16 (11).
+// The backend is called directly: these test the kernels, not the ops.h checks.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hone/cuda.h"
+#include "hone/dtype.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+constexpr DType kHalves[] = {DType::BF16, DType::F16};
+constexpr DType kComputeTypes[] = {DType::F32, DType::BF16, DType::F16};
+// Element-wise sizes: one element, less than a vector, odd, and past a million with a tail.
+constexpr int64_t kSizes[] = {1, 7, 1001, (1 << 20) + 3};
+// Offsets of a tensor from a 16-byte aligned base, in elements: 1 forces the scalar paths.
+constexpr int kOffsets[] = {0, 1};
+// The float arithmetic of an instantiation may contract differently (an FMA or not):
+// a few float ulps on top of the half type's rounding.
+constexpr double kFloatSlack = 1e-6;
+// Below 2^-14 fp16 values are subnormal, multiples of 2^-24, and lose relative precision:
+// this absolute slack covers them (and is far above bf16's subnormals).
+constexpr double kHalfAbs = 0x1p-24;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+std::string name(DType t) { return std::string(dtype_name(t)); }
+
+uint16_t half_bits(float v, DType t) { return t == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
+float half_value(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_float(h) : f16_to_float(h); }
+
+// v rounded to nearest even in t (unchanged in F32).
+float round_to(float v, DType t) { return t == DType::F32 ? v : half_value(half_bits(v, t), t); }
+std::vector<float> rounded(std::vector<float> v, DType t) {
+  for (float& x : v) x = round_to(x, t);
+  return v;
+}
+
+// Half an ulp relative to the value: the largest relative error of rounding to t.
+double rounding(DType t) { return t == DType::BF16 ? 0x1p-8 : t == DType::F16 ? 0x1p-11 : 0.0; }
+
+std::vector<float> uniform(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  const test::HostTensor h = test::random({n}, seed, lo, hi);
+  return {h.t.f32(), h.t.f32() + n};
+}
+
+std::vector<int32_t> random_ints(int64_t n, uint64_t seed, int lo, int hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_int_distribution<int> u(lo, hi - 1);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t& x : v) x = u(g);
+  return v;
+}
+
+// Device memory of one dtype from the backend's allocator: the tensor starts `offset`
+// elements into the allocation and kGuard elements follow it, so that writes outside it
+// show. Transfers go through the runtime directly, so that the ops under test are not
+// also the harness; the device synchronizations order them with the backend's stream.
+struct Dev {
+  static constexpr int kGuard = 8;
+  Backend& be;
+  void* base;
+  int64_t total;  // elements in the allocation
+  Tensor t;
+
+  Dev(Backend& b, DType d, Shape s, int offset = 0) : be(b), total(offset + s.numel() + kGuard) {
+    base = be.allocate(size_t(total) * dtype_size(d));
+    t = Tensor{static_cast<std::byte*>(base) + offset * dtype_size(d), d, s, Device::CUDA};
+    if (d != DType::I32) set_all(kNaN);  // an element an op should write but does not fails the comparison
+  }
+  // A 1-D tensor holding v rounded to d.
+  Dev(Backend& b, DType d, const std::vector<float>& v, int offset = 0) : Dev(b, d, Shape{int64_t(v.size())}, offset) {
+    set(v);
+  }
+  ~Dev() { be.deallocate(base); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+
+  void upload(const void* src, void* dst, size_t bytes) {
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  void download(const void* src, void* dst, size_t bytes) const {
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+  }
+
+  // Floats as raw elements of the (floating) dtype, rounded for halves.
+  std::vector<std::byte> encode(const std::vector<float>& v) const {
+    std::vector<std::byte> raw(v.size() * dtype_size(t.dtype));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t.dtype == DType::F32) {
+        std::memcpy(&raw[i * 4], &v[i], 4);
+      } else {
+        const uint16_t h = half_bits(v[i], t.dtype);
+        std::memcpy(&raw[i * 2], &h, 2);
+      }
+    }
+    return raw;
+  }
+  void set(const std::vector<float>& v) {
+    const std::vector<std::byte> raw = encode(v);
+    upload(raw.data(), t.data, raw.size());
+  }
+  void set_all(float value) {
+    const std::vector<std::byte> raw = encode(std::vector<float>(size_t(total), value));
+    upload(raw.data(), base, raw.size());
+  }
+  void set_ints(const std::vector<int32_t>& v) { upload(v.data(), t.data, v.size() * 4); }
+
+  // The raw 16-bit elements of a half tensor: the tensor's, or the whole allocation's.
+  std::vector<uint16_t> bits(bool all = false) const {
+    std::vector<uint16_t> h(size_t(all ? total : t.numel()));
+    download(all ? base : t.data, h.data(), h.size() * 2);
+    return h;
+  }
+  std::vector<float> get() const {
+    if (t.dtype == DType::F32) {
+      std::vector<float> v(size_t(t.numel()));
+      download(t.data, v.data(), v.size() * 4);
+      return v;
+    }
+    const std::vector<uint16_t> h = bits();
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); ++i) v[i] = half_value(h[i], t.dtype);
+    return v;
+  }
+};
+
+bool same_value(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+
+// Bit for bit: each element of `got` is want rounded to got's dtype (any NaN for a NaN).
+void expect_rounded(const std::string& what, const Dev& got, const std::vector<float>& want) {
+  const std::vector<float> g = got.get();
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!same_value(g[i], round_to(want[i], got.t.dtype)) ||
+        (!std::isnan(g[i]) && std::signbit(g[i]) != std::signbit(want[i])))  // -0 is not 0
+      if (bad++ == 0) first = int64_t(i);
+  if (bad == 0) return;
+  const size_t f = size_t(first);
+  ADD_FAILURE() << what << ": " << bad << " elements differ; element " << f << " is " << g[f] << ", the F32 result "
+                << want[f] << " rounds to " << round_to(want[f], got.t.dtype);
+}
+
+// Each element within rel * |want| + abs of the reference.
+void expect_near(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, double rel,
+                 double abs) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]);
+    if (!(err <= rel * std::fabs(double(want[i])) + abs))  // NaN fails
+      if (bad++ == 0) first = int64_t(i);
+  }
+  if (bad == 0) return;
+  const size_t f = size_t(first);
+  ADD_FAILURE() << what << ": " << bad << " elements off; element " << f << " is " << got[f] << ", expected "
+                << want[f] << " within " << rel << " relative + " << abs;
+}
+
+// Within the half type's rounding of the F32 result (plus float slack).
+void expect_within_rounding(const std::string& what, const Dev& got, const std::vector<float>& want) {
+  expect_near(what, got.get(), want, rounding(got.t.dtype) + kFloatSlack, got.t.dtype == DType::F32 ? 0.0 : kHalfAbs);
+}
+
+class MixedOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+    gpu_ = make_cuda_backend({});
+  }
+  Backend& gpu() { return *gpu_; }
+  std::unique_ptr<Backend> gpu_;
+};
+
+// ---------------------------------------------------------------------------- memory
+
+TEST_F(MixedOps, FillRoundsToNearestEvenAndStaysInBounds) {
+  Backend& g = gpu();
+  // Inexact in both halves; an fp16 subnormal; past fp16's largest finite value (inf there).
+  const float values[] = {0.1f, -3.0e-6f, 70000.0f};
+  for (DType t : kComputeTypes)
+    for (int64_t n : kSizes)
+      for (int offset : kOffsets)
+        for (float value : values) {
+          Dev x(g, t, Shape{n}, offset);
+          g.fill(x.t, value);
+          const std::string at = fmt::format(" ({}, n = {}, offset {}, value {})", name(t), n, offset, value);
+          expect_rounded("fill" + at, x, std::vector<float>(size_t(n), value));
+          if (t == DType::F32) continue;
+          const std::vector<uint16_t> all = x.bits(true);
+          const uint16_t guard = half_bits(kNaN, t);
+          EXPECT_TRUE(std::all_of(all.begin(), all.begin() + offset, [&](uint16_t h) { return h == guard; }) &&
+                      std::all_of(all.end() - Dev::kGuard, all.end(), [&](uint16_t h) { return h == guard; }))
+              << "fill wrote outside the tensor" << at;
+        }
+}
+
+// F32 values over the whole range, with the cases where rounding is delicate.
+std::vector<float> cast_input(int64_t n) {
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, kNaN, 65504.0f, 65519.996f, 65520.0f,
+                            1.0f + 0x1p-8f,            // bf16 tie: to even (1)
+                            1.0f + 3 * 0x1p-8f,        // bf16 tie: to even (1 + 2^-6)
+                            1.0f + 0x1p-11f,           // fp16 tie
+                            0x1p-25f, 0x1.8p-24f,      // fp16 subnormal ties
+                            1e-40f, 3.4e38f, -1.5e-5f};
+  std::vector<float> v = uniform(n, 21);
+  const std::vector<float> e = uniform(n, 22, -30.0f, 20.0f);
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = std::ldexp(v[size_t(i)], int(e[size_t(i)]));
+  for (size_t i = 0; i < std::size(specials) && i < v.size(); ++i) v[i] = specials[i];
+  return v;
+}
+
+TEST_F(MixedOps, CastRoundsToNearestEvenLikeTheHost) {
+  Backend& g = gpu();
+  for (DType t : kComputeTypes)
+    for (int64_t n : kSizes)
+      for (int offset : kOffsets) {
+        const std::vector<float> v = cast_input(n);
+        Dev src(g, DType::F32, v, offset), dst(g, t, Shape{n}, offset);
+        g.cast(src.t, dst.t);
+        const std::string at = fmt::format(" ({}, n = {}, offset {})", name(t), n, offset);
+        if (t == DType::F32) {
+          expect_rounded("cast" + at, dst, v);
+          continue;
+        }
+        // Bits against hone's host conversions (any NaN for a NaN).
+        const std::vector<uint16_t> all = dst.bits(true);
+        const uint16_t guard = half_bits(kNaN, t);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t got = all[size_t(offset + i)], want = half_bits(v[size_t(i)], t);
+          if (got != want && !(std::isnan(half_value(got, t)) && std::isnan(v[size_t(i)])))
+            if (bad++ == 0) first = i;
+        }
+        EXPECT_EQ(bad, 0) << "cast" << at << ": " << bad << " elements differ from the host's rounding; element "
+                          << first << " (" << (first >= 0 ? v[size_t(first)] : 0) << ")";
+        EXPECT_TRUE(std::all_of(all.begin(), all.begin() + offset, [&](uint16_t h) { return h == guard; }) &&
+                    std::all_of(all.end() - Dev::kGuard, all.end(), [&](uint16_t h) { return h == guard; }))
+            << "cast wrote outside the tensor" << at;
+      }
+}
+
+TEST_F(MixedOps, ReadConvertsHalvesToFloat) {
+  Backend& g = gpu();
+  for (DType t : kHalves)
+    for (int64_t n : kSizes)
+      for (int offset : kOffsets) {
+        const std::vector<float> v = rounded(cast_input(n), t);
+        Dev x(g, t, v, offset);
+        for (size_t head : {size_t(1), size_t(n)}) {
+          std::vector<float> host(head, -1.0f);
+          g.read(x.t, host.data(), head);
+          int64_t bad = 0;
+          for (size_t i = 0; i < head; ++i) bad += !same_value(host[i], v[i]);
+          EXPECT_EQ(bad, 0) << "read of " << head << " of " << name(t) << " n = " << n << ", offset " << offset;
+        }
+      }
+}
+
+// ---------------------------------------------------------------------------- elementwise
+
+// Values in [-4, 4], none exactly 0 where relu has its kink, rounded to t.
+std::vector<float> activation_input(int64_t n, DType t) {
+  std::vector<float> x = uniform(n, 8, -4.0f, 4.0f);
+  for (float& v : x)
+    if (round_to(v, t) == 0.0f) v = 0.5f;
+  return rounded(x, t);
+}
+
+TEST_F(MixedOps, ActivationsAndTanhAreTheF32ResultsRounded) {
+  Backend& g = gpu();
+  for (DType t : kHalves)
+    for (int64_t n : kSizes)
+      for (int offset : kOffsets) {
+        const std::vector<float> xv = activation_input(n, t), dyv = rounded(uniform(n, 9), t);
+        for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+          Dev x32(g, DType::F32, xv), dy32(g, DType::F32, dyv);
+          Dev y32(g, DType::F32, Shape{n}), dx32(g, DType::F32, Shape{n});
+          g.activation_forward(a, x32.t, y32.t);
+          g.activation_backward(a, dy32.t, x32.t, dx32.t);
+          Dev x(g, t, xv, offset), dy(g, t, dyv, offset), y(g, t, Shape{n}, offset), dx(g, t, Shape{n}, offset);
+          g.activation_forward(a, x.t, y.t);
+          g.activation_backward(a, dy.t, x.t, dx.t);
+          g.activation_backward(a, dy.t, x.t, dy.t);  // dx aliases dy
+          const std::string at = fmt::format(" (activation {}, {}, n = {}, offset {})", int(a), name(t), n, offset);
+          const std::vector<float> want_y = y32.get(), want_dx = dx32.get();
+          expect_within_rounding("y" + at, y, want_y);
+          expect_within_rounding("dx" + at, dx, want_dx);
+          expect_within_rounding("dx in place" + at, dy, want_dx);
+        }
+        Dev x(g, t, xv, offset), y(g, t, Shape{n}, offset), dy(g, t, dyv, offset), dx(g, t, Shape{n}, offset);
+        Dev x32(g, DType::F32, xv), y32(g, DType::F32, Shape{n});
+        g.tanh_forward(x.t, y.t);
+        g.tanh_forward(x32.t, y32.t);
+        const std::string at = fmt::format(" ({}, n = {}, offset {})", name(t), n, offset);
+        expect_within_rounding("tanh" + at, y, y32.get());
+        // Backward from the half forward's output, which F32 holds exactly.
+        Dev yh32(g, DType::F32, y.get()), dy32(g, DType::F32, dyv), dx32(g, DType::F32, Shape{n});
+        g.tanh_backward(dy.t, y.t, dx.t);
+        g.tanh_backward(dy32.t, yh32.t, dx32.t);
+        expect_within_rounding("tanh dx" + at, dx, dx32.get());
+      }
+}
+
+TEST_F(MixedOps, DropoutMasksEqualF32AlsoWhenAliased) {
+  Backend& g = gpu();
+  for (DType t : kHalves)
+    for (int64_t n : kSizes)
+      for (int offset : kOffsets)
+        for (float p : {0.0f, 0.1f}) {
+          // Seed and stream use their high words, which a 32-bit slip would lose.
+          const DropoutSpec d{p, 0x9E3779B97F4A7C15ull, (1ull << 33) + 5};
+          // Inputs away from 0, so that a kept element never looks dropped.
+          const std::vector<float> xv = rounded(uniform(n, 1, 0.5f, 1.5f), t), rv = rounded(uniform(n, 2), t);
+          Dev x32(g, DType::F32, xv), r32(g, DType::F32, rv);
+          Dev y32(g, DType::F32, Shape{n}), out32(g, DType::F32, Shape{n});
+          g.dropout(x32.t, d, y32.t);
+          g.dropout_add(x32.t, r32.t, d, out32.t);
+          const std::vector<float> want_y = y32.get(), want_out = out32.get();
+
+          Dev x(g, t, xv, offset), r(g, t, rv, offset), y(g, t, Shape{n}, offset), out(g, t, Shape{n}, offset);
+          Dev xa(g, t, xv, offset), xb(g, t, xv, offset), ra(g, t, rv, offset);
+          g.dropout(x.t, d, y.t);
+          g.dropout_add(x.t, r.t, d, out.t);
+          g.dropout(xa.t, d, xa.t);             // y aliases x
+          g.dropout_add(xb.t, r.t, d, xb.t);    // out aliases x
+          g.dropout_add(x.t, ra.t, d, ra.t);    // out aliases residual
+          const std::string at = fmt::format(" ({}, n = {}, offset {}, p = {})", name(t), n, offset, p);
+          // The same zeros, and every kept element the F32 result rounded: the same mask
+          // and the same scaling (x * scale, then + residual, in F32).
+          const std::vector<float> got_y = y.get();
+          int64_t zeros = 0, mismatched = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            zeros += want_y[size_t(i)] == 0.0f;
+            mismatched += (got_y[size_t(i)] == 0.0f) != (want_y[size_t(i)] == 0.0f);
+          }
+          EXPECT_EQ(mismatched, 0) << "dropout zeros" << at;
+          if (p > 0 && n > 100) {
+            EXPECT_GT(zeros, 0) << "nothing dropped" << at;
+          }
+          expect_rounded("dropout" + at, y, want_y);
+          expect_rounded("dropout_add" + at, out, want_out);
+          expect_rounded("dropout in place" + at, xa, want_y);
+          expect_rounded("dropout_add into x" + at, xb, want_out);
+          expect_rounded("dropout_add into residual" + at, ra, want_out);
+        }
+}
+
+// ---------------------------------------------------------------------------- embedding
+
+struct EmbeddingCase {
+  int batch, seq, hidden, vocab, positions;
+};
+// Hidden 13: scalar rows; 12: float4 rows in F32 but scalar halves; 768: 16-byte rows in all.
+constexpr EmbeddingCase kEmbeddingCases[] = {{3, 37, 13, 50, 40}, {2, 9, 12, 20, 16}, {8, 128, 768, 1000, 512}};
+
+std::vector<int32_t> token_ids(const EmbeddingCase& c) {
+  std::vector<int32_t> ids = random_ints(int64_t(c.batch) * c.seq, 1, 0, c.vocab);
+  for (size_t t = 0; t < ids.size(); t += 4) ids[t] = 1;  // a frequent token: many adds into one row
+  return ids;
+}
+
+TEST_F(MixedOps, EmbeddingForwardGatherScatterRoundOrMoveBits) {
+  Backend& g = gpu();
+  for (DType t : kHalves)
+    for (const EmbeddingCase& c : kEmbeddingCases) {
+      const int64_t T = int64_t(c.batch) * c.seq, H = c.hidden;
+      const std::vector<int32_t> idv = token_ids(c), typev = random_ints(T, 2, 0, 2);
+      const std::vector<float> wv = rounded(uniform(c.vocab * H, 3), t), pv = rounded(uniform(c.positions * H, 4), t);
+      const std::vector<float> tv = rounded(uniform(2 * H, 5), t), hv = rounded(uniform(T * H, 6), t);
+      const std::vector<float> fv = rounded(uniform(c.batch * H, 10), t);
+      Dev ids(g, DType::I32, Shape{T}), types(g, DType::I32, Shape{T});
+      ids.set_ints(idv);
+      types.set_ints(typev);
+      auto table = [&](DType d, const std::vector<float>& v, int64_t rows) {
+        auto x = std::make_unique<Dev>(g, d, Shape{rows, H});
+        x->set(v);
+        return x;
+      };
+      // Out = word + pos + type, summed in F32 in the same order, rounded once.
+      auto w32 = table(DType::F32, wv, c.vocab), p32 = table(DType::F32, pv, c.positions);
+      auto ty32 = table(DType::F32, tv, 2);
+      Dev out32(g, DType::F32, Shape{T, H});
+      g.embedding_forward(ids.t, types.t, w32->t, p32->t, ty32->t, c.seq, out32.t);
+      auto w = table(t, wv, c.vocab), p = table(t, pv, c.positions), ty = table(t, tv, 2);
+      Dev out(g, t, Shape{T, H});
+      g.embedding_forward(ids.t, types.t, w->t, p->t, ty->t, c.seq, out.t);
+      const std::string at = fmt::format(" ({}, B={} S={} hidden={})", name(t), c.batch, c.seq, H);
+      expect_rounded("embedding out" + at, out, out32.get());
+
+      // Gather and scatter: the [CLS] rows, and zeros elsewhere, exactly.
+      auto hidden = table(t, hv, T), dfirst = table(t, fv, c.batch);
+      Dev first(g, t, Shape{c.batch, H}), dhidden(g, t, Shape{T, H});
+      g.gather_first_tokens(hidden->t, c.seq, first.t);
+      g.scatter_first_tokens(dfirst->t, c.seq, dhidden.t);
+      std::vector<float> want_first(size_t(c.batch * H)), want_dhidden(size_t(T * H), 0.0f);
+      for (int b = 0; b < c.batch; ++b)
+        for (int64_t k = 0; k < H; ++k) {
+          want_first[size_t(b * H + k)] = hv[size_t(b * c.seq * H + k)];
+          want_dhidden[size_t(b * c.seq * H + k)] = fv[size_t(b * H + k)];
+        }
+      expect_rounded("gather_first_tokens" + at, first, want_first);
+      expect_rounded("scatter_first_tokens" + at, dhidden, want_dhidden);
+    }
+}
+
+TEST_F(MixedOps, EmbeddingBackwardAccumulatesHalfGradientsIntoF32) {
+  Backend& g = gpu();
+  for (DType t : kHalves)
+    for (const EmbeddingCase& c : kEmbeddingCases) {
+      const int64_t T = int64_t(c.batch) * c.seq, H = c.hidden;
+      const std::vector<int32_t> idv = token_ids(c), typev = random_ints(T, 2, 0, 2);
+      const std::vector<float> doutv = rounded(uniform(T * H, 6), t);
+      // The gradients already hold values (accumulation): the result adds onto them.
+      const std::vector<float> wv = uniform(c.vocab * H, 7), pv = uniform(c.positions * H, 8), tv = uniform(2 * H, 9);
+      Dev ids(g, DType::I32, Shape{T}), types(g, DType::I32, Shape{T}), dout(g, t, Shape{T, H});
+      ids.set_ints(idv);
+      types.set_ints(typev);
+      dout.set(doutv);
+      Dev dword(g, DType::F32, Shape{c.vocab, H}), dpos(g, DType::F32, Shape{c.positions, H});
+      Dev dtype(g, DType::F32, Shape{2, H});
+      dword.set(wv);
+      dpos.set(pv);
+      dtype.set(tv);
+      g.embedding_backward(dout.t, ids.t, types.t, c.seq, dword.t, dpos.t, dtype.t);
+      // The reference in double on the host.
+      std::vector<double> rw(wv.begin(), wv.end()), rp(pv.begin(), pv.end()), rt(tv.begin(), tv.end());
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t k = 0; k < H; ++k) {
+          const double d = doutv[size_t(i * H + k)];
+          rw[size_t(idv[size_t(i)] * H + k)] += d;
+          rp[size_t((i % c.seq) * H + k)] += d;
+          rt[size_t(typev[size_t(i)] * H + k)] += d;
+        }
+      // F32 sums in the order of the atomics: 1e-5 of the largest magnitude, as the F32
+      // path is held to against the CPU.
+      auto check = [&](const std::string& what, const Dev& got, const std::vector<double>& want) {
+        const std::vector<float> w(want.begin(), want.end());
+        double scale = 0;
+        for (float v : w) scale = std::max(scale, std::fabs(double(v)));
+        expect_near(what + fmt::format(" ({}, B={} S={} hidden={})", name(t), c.batch, c.seq, H), got.get(), w, 0.0,
+                    1e-5 * scale);
+      };
+      check("dword", dword, rw);
+      check("dpos", dpos, rp);
+      check("dtype", dtype, rt);
+    }
+}
+
+// ---------------------------------------------------------------------------- loss
+
+// Powers of two, so that the scaled F32 gradient is exactly the unscaled one times it.
+constexpr float kLossScales[] = {1024.0f, 0.25f};
+
+TEST_F(MixedOps, CrossEntropyInHalvesAndLossScale) {
+  Backend& g = gpu();
+  struct Case {
+    int rows, classes;
+    std::vector<int> ignored;  // rows labelled -100
+  };
+  for (DType t : kComputeTypes)
+    for (const Case& c : {Case{4, 5, {1}}, Case{64, 2, {0, 7, 63}}, Case{7, 1001, {3}}, Case{2, 3, {0, 1}}}) {
+      std::vector<int32_t> labelv = random_ints(c.rows, 1, 0, c.classes);
+      for (int r : c.ignored) labelv[size_t(r)] = -100;
+      const std::vector<float> xv = rounded(uniform(int64_t(c.rows) * c.classes, 2, -2.0f, 2.0f), t);
+      const Shape shape{c.rows, c.classes};
+      Dev labels(g, DType::I32, Shape{c.rows});
+      labels.set_ints(labelv);
+      Dev x32(g, DType::F32, shape), loss32(g, DType::F32, Shape{1}), dx32(g, DType::F32, shape);
+      x32.set(xv);
+      g.cross_entropy(x32.t, labels.t, 0.5f, nullptr, loss32.t, dx32.t);
+      const std::vector<float> want_loss = loss32.get(), want_dx = dx32.get();
+      const std::string at = fmt::format(" ({}, {} x {}, {} ignored)", name(t), c.rows, c.classes, c.ignored.size());
+
+      Dev x(g, t, shape), loss(g, DType::F32, Shape{1}), dx(g, t, shape);
+      x.set(xv);
+      g.cross_entropy(x.t, labels.t, 0.5f, nullptr, loss.t, dx.t);
+      // The same inputs in the same double arithmetic: the same F32 loss.
+      expect_near("loss" + at, loss.get(), want_loss, 1e-6, 0.0);
+      expect_within_rounding("dlogits" + at, dx, want_dx);
+
+      for (float s : kLossScales) {
+        Dev scale(g, DType::F32, std::vector<float>{s});
+        g.cross_entropy(x.t, labels.t, 0.5f, &scale.t, loss.t, dx.t);
+        std::vector<float> want_scaled = want_dx;
+        for (float& v : want_scaled) v *= s;
+        const std::string sat = at + fmt::format(" loss scale {}", s);
+        expect_near("loss" + sat, loss.get(), want_loss, 1e-6, 0.0);  // the loss is not scaled
+        expect_within_rounding("scaled dlogits" + sat, dx, want_scaled);
+      }
+    }
+}
+
+TEST_F(MixedOps, MseInHalvesAndLossScale) {
+  Backend& g = gpu();
+  for (DType t : kComputeTypes)
+    for (Shape shape : {Shape{5}, Shape{5, 1}, Shape{1001}}) {
+      const int64_t n = shape[0];
+      const std::vector<float> pv = rounded(uniform(n, 1), t), target = uniform(n, 2);
+      Dev tg(g, DType::F32, target);
+      Dev p32(g, DType::F32, shape), loss32(g, DType::F32, Shape{1}), dp32(g, DType::F32, shape);
+      p32.set(pv);
+      g.mse(p32.t, tg.t, 2.0f, nullptr, loss32.t, dp32.t);
+      const std::vector<float> want_loss = loss32.get(), want_dp = dp32.get();
+      const std::string at = fmt::format(" ({}, {})", name(t), shape.str());
+
+      Dev p(g, t, shape), loss(g, DType::F32, Shape{1}), dp(g, t, shape);
+      p.set(pv);
+      g.mse(p.t, tg.t, 2.0f, nullptr, loss.t, dp.t);
+      expect_near("loss" + at, loss.get(), want_loss, 1e-6, 0.0);
+      expect_within_rounding("dpred" + at, dp, want_dp);
+
+      for (float s : kLossScales) {
+        Dev scale(g, DType::F32, std::vector<float>{s});
+        g.mse(p.t, tg.t, 2.0f, &scale.t, loss.t, dp.t);
+        std::vector<float> want_scaled = want_dp;
+        for (float& v : want_scaled) v *= s;
+        const std::string sat = at + fmt::format(" loss scale {}", s);
+        expect_near("loss" + sat, loss.get(), want_loss, 1e-6, 0.0);
+        expect_within_rounding("scaled dpred" + sat, dp, want_scaled);
+      }
+    }
+}
+
+}  // namespace
+}  // namespace hone

@@ -1,0 +1,276 @@
+// Mixed precision end to end: bf16 and fp16 against the golden fixtures and against the
+// fp32 CUDA path, fp16 loss scaling (an overflow skips the step and backs the scale off),
+// a 200-step learnable task whose bf16 and fp32 loss curves agree, and the plan.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "golden.h"
+#include "hone/cuda.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+// Mixed precision runs cuDNN's fused attention: a GPU and a build with cuDNN.
+#define SKIP_WITHOUT_MIXED_PRECISION()                                        \
+  do {                                                                        \
+    std::string why;                                                          \
+    if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why; \
+  } while (0)
+
+TrainingArguments with_precision(TrainingArguments a, DType t) {
+  a.bf16 = t == DType::BF16;
+  a.fp16 = t == DType::F16;
+  return a;
+}
+
+const char* name_of(DType t) { return t == DType::BF16 ? "bf16" : "fp16"; }
+
+class MixedGolden : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+// Tolerances from the formats: bf16 keeps 8 significant bits (relative rounding 2^-9 =
+// 2e-3 per stored value), fp16 11 (2^-12 = 2.4e-4). Each of the fixtures' 3 layers
+// rounds its activations a handful of times, and the gradients pass through them twice,
+// so the errors are tens of roundings: a few 1e-2 for bf16 and a few 1e-3 for fp16.
+// Optimizer steps start from fp32 master weights, so their error stays that of the
+// gradients; Adam divides by sqrt(v), which turns a relative error of a tiny gradient
+// into the same relative error of a step of lr, small against the weights.
+// The key bias, zero in exact arithmetic, holds rounding noise of the other gradients'
+// size times the format's precision: zero_floor measures it against that.
+test::GoldenTolerances tolerances(DType t) {
+  return t == DType::BF16 ? test::GoldenTolerances{4e-2, 2e-2, 8e-2, 5e-2, 1e-2}
+                          : test::GoldenTolerances{6e-3, 3e-3, 1.5e-2, 5e-3, 1e-3};
+}
+
+TEST_P(MixedGolden, MatchesTransformersAtItsPrecision) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  const auto [fixture, dtype] = GetParam();
+  auto be = make_cuda_backend({});
+  test::GoldenHooks hooks;
+  hooks.args = [dtype](TrainingArguments& a) { a = with_precision(a, dtype); };
+  // At GradScaler's initial 2^16 the regression fixture's first gradients overflow fp16,
+  // and the step is skipped (as torch would skip it), after which the fp32 fixture's steps
+  // no longer apply; 2^8 still scales every gradient, without the overflow.
+  if (dtype == DType::F16) hooks.run = [](TrainingRun& run) { run.set_scaler_state({256.0, 0, 0}); };
+  test::check_golden_forward_backward(fixture, *be, tolerances(dtype), hooks);
+  test::check_golden_training(fixture, *be, tolerances(dtype), GradientMemory::Persistent, hooks);
+  test::check_golden_training(fixture, *be, tolerances(dtype), GradientMemory::StepScoped, hooks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MixedGolden,
+                         ::testing::Combine(::testing::Values("bert_cls", "bert_reg"),
+                                            ::testing::Values(DType::BF16, DType::F16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + name_of(std::get<1>(info.param));
+                         });
+
+// A model with BERT's head size (64), the shape the fused attention is built for.
+BertConfig small_bert() {
+  BertConfig c = *builtin_config("bert-tiny");
+  c.vocab_size = 512;
+  c.hidden_size = 128;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 2;
+  c.max_position_embeddings = 64;
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  return c;
+}
+
+// Sequences of random tokens after [CLS], right-padded to random lengths; label 1 sequences
+// draw from the lower half of the vocabulary, label 0 from the upper: a task the tokens
+// decide, which a small BERT learns in tens of steps.
+struct TaskBatch {
+  std::vector<int32_t> ids, mask, types;
+  std::vector<float> labels;
+};
+TaskBatch task_batch(std::mt19937& g, int batch, int seq, int vocab) {
+  TaskBatch b;
+  std::uniform_int_distribution<int> low(5, vocab / 2 - 1), high(vocab / 2, vocab - 1), len(seq / 2, seq), coin(0, 1);
+  for (int r = 0; r < batch; ++r) {
+    const int n = len(g), label = coin(g);
+    for (int t = 0; t < seq; ++t) {
+      b.ids.push_back(t == 0 ? 2 : t >= n ? 0 : label ? low(g) : high(g));
+      b.mask.push_back(t < n ? 1 : 0);
+      b.types.push_back(0);
+    }
+    b.labels.push_back(float(label));
+  }
+  return b;
+}
+
+double rel_frobenius(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// One padded batch through the head-size-64 model: logits and every gradient group
+// against the fp32 CUDA path. Relative Frobenius error, the right measure for a sum of
+// many roundings: about sqrt(#roundings) x 2^-9 for bf16.
+TEST(MixedPrecision, MatchesFp32OnPaddedBatch) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  auto be = make_cuda_backend({});
+  const BertConfig c = small_bert();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 11);
+  std::mt19937 g(5);
+  const TaskBatch b = task_batch(g, 4, 64, c.vocab_size);
+  auto run_with = [&](DType t, std::vector<float>& logits, std::vector<float>& grads) {
+    TrainingRun run(with_precision(a, t), c, 64, *be);
+    run.write_weights(w.data());
+    logits.resize(8);
+    run.micro_step(b.ids.data(), b.mask.data(), b.types.data(), b.labels.data(), 4, 1.0f, 0, logits.data());
+    grads.resize(w.size());
+    run.read_grads(grads.data());
+  };
+  std::vector<float> ref_logits, ref_grads;
+  run_with(DType::F32, ref_logits, ref_grads);
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<float> logits, grads;
+    run_with(t, logits, grads);
+    const double logit_err = rel_frobenius(logits, ref_logits);
+    double worst = 0;
+    std::string worst_name;
+    for (const ParamEntry& e : layout.entries()) {
+      const std::vector<float> got(grads.begin() + e.offset, grads.begin() + e.offset + e.shape.numel()),
+          want(ref_grads.begin() + e.offset, ref_grads.begin() + e.offset + e.shape.numel());
+      // The key bias has no gradient in exact arithmetic (softmax ignores a constant per row).
+      if (e.name.find("key.bias") != std::string::npos) continue;
+      const double err = rel_frobenius(got, want);
+      if (err > worst) worst = err, worst_name = e.name;
+    }
+    std::printf("[%s vs fp32] logits rel err %.2e, worst gradient rel err %.2e (%s)\n", name_of(t), logit_err, worst,
+                worst_name.c_str());
+    EXPECT_LT(logit_err, t == DType::BF16 ? 2e-2 : 3e-3);
+    EXPECT_LT(worst, t == DType::BF16 ? 5e-2 : 8e-3) << worst_name;
+  }
+}
+
+// GradScaler's contract: an overflow skips the step (weights and moments untouched) and
+// halves the scale; growth_interval clean steps double it; AdamW's step count and the
+// schedule advance on applied steps only.
+TEST(MixedPrecision, Fp16LossScalerSkipsOverflowAndBacksOff) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  auto be = make_cuda_backend({});
+  const BertConfig c = small_bert();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.fp16 = true;
+  TrainingRun run(a, c, 32, *be);
+  std::vector<float> w(size_t(run.model().layout().count()));
+  init_weights(c, run.model().layout(), w.data(), 3);
+  run.write_weights(w.data());
+  std::mt19937 g(1);
+  const TaskBatch b = task_batch(g, 4, 32, c.vocab_size);
+  auto step = [&](int64_t k) {
+    run.micro_step(b.ids.data(), b.mask.data(), b.types.data(), b.labels.data(), 4, 1.0f, uint64_t(k));
+    run.optimizer_step(1e-3, k - run.skipped_steps());
+  };
+  EXPECT_EQ(run.loss_scale(), 65536.0);
+
+  // A scale of 2^100 overflows fp16 (max 65504) in the first gradient it multiplies.
+  run.set_scaler_state({std::ldexp(1.0, 100), 0, 0});
+  step(1);
+  EXPECT_EQ(run.skipped_steps(), 1);
+  EXPECT_EQ(run.loss_scale(), std::ldexp(1.0, 99));
+  std::vector<float> after(w.size()), m(w.size()), v(w.size());
+  run.read_weights(after.data());
+  EXPECT_EQ(after, w) << "a skipped step changed the weights";
+  run.read_optimizer_state(m.data(), v.data());
+  EXPECT_EQ(m, std::vector<float>(w.size(), 0.0f)) << "a skipped step changed the moments";
+  EXPECT_EQ(run.scaler_state()[1], 0.0);
+
+  // One clean step short of the growth interval: applied, then the scale doubles.
+  run.set_scaler_state({1024.0, 1999, 1});
+  step(2);
+  EXPECT_EQ(run.skipped_steps(), 1);
+  EXPECT_EQ(run.loss_scale(), 2048.0);
+  EXPECT_EQ(run.scaler_state()[1], 0.0);
+  run.read_weights(after.data());
+  EXPECT_NE(after, w) << "a clean step left the weights unchanged";
+  step(3);
+  EXPECT_EQ(run.loss_scale(), 2048.0);
+  EXPECT_EQ(run.scaler_state()[1], 1.0);
+  // The gradient norm is reported unscaled: the same as a bf16 run's within fp16 rounding.
+  EXPECT_TRUE(std::isfinite(run.last_grad_norm()));
+  EXPECT_LT(run.last_grad_norm(), 100.0);
+}
+
+// 200 updates of a learnable task with dropout off: bf16 and fp32 learn it alike. Windows
+// of 20 steps average out the single-step noise (each step's loss differs by the
+// precision of its logits, and the trajectories drift apart slowly).
+TEST(MixedPrecision, Bf16LossCurveFollowsFp32) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  auto be = make_cuda_backend({});
+  const BertConfig c = small_bert();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 16;
+  a.learning_rate = 1e-3;
+  constexpr int kSteps = 200, kWindow = 20, kSeq = 32;
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 7);
+  auto curve = [&](DType t) {
+    TrainingRun run(with_precision(a, t), c, kSeq, *be, GradientMemory::StepScoped);
+    run.write_weights(w.data());
+    std::mt19937 g(42);
+    std::vector<double> losses;
+    for (int k = 0; k < kSteps; ++k) {
+      const TaskBatch b = task_batch(g, 16, kSeq, c.vocab_size);
+      run.micro_step(b.ids.data(), b.mask.data(), b.types.data(), b.labels.data(), 16, 1.0f, uint64_t(k));
+      run.optimizer_step(a.learning_rate * (1.0 - double(k) / kSteps), k + 1);
+      losses.push_back(run.take_loss_sum());
+    }
+    return losses;
+  };
+  const std::vector<double> fp32 = curve(DType::F32), bf16 = curve(DType::BF16);
+  double worst = 0;
+  for (int s = 0; s + kWindow <= kSteps; s += kWindow) {
+    double x = 0, y = 0;
+    for (int k = s; k < s + kWindow; ++k) x += fp32[size_t(k)], y += bf16[size_t(k)];
+    x /= kWindow, y /= kWindow;
+    std::printf("steps %3d-%3d: fp32 %.4f bf16 %.4f\n", s, s + kWindow - 1, x, y);
+    worst = std::max(worst, std::fabs(x - y));
+  }
+  double last32 = 0, last16 = 0;
+  for (int k = kSteps - kWindow; k < kSteps; ++k) last32 += fp32[size_t(k)] / kWindow, last16 += bf16[size_t(k)] / kWindow;
+  EXPECT_LT(last32, 0.3) << "the task was not learned in fp32: the comparison would be vacuous";
+  EXPECT_LT(last16, 0.3);
+  EXPECT_LT(worst, 0.05);
+}
+
+// The plan of a bf16 run on the GPU: the master weights are F32, the copy the model reads
+// half that, and each arena is allocated exactly as planned.
+TEST(MixedPrecision, PlanSeparatesMasterWeightsAndIsAllocatedExactly) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  auto be = make_cuda_backend({});
+  const BertConfig c = small_bert();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.bf16 = true;
+  TrainingRun run(a, c, 64, *be, GradientMemory::StepScoped);
+  const MemoryPlan& plan = run.memory().plan();
+  const size_t n = size_t(run.model().layout().count());
+  EXPECT_GE(plan.category_bytes[size_t(Category::MasterWeights)], 4 * n);
+  EXPECT_LT(plan.category_bytes[size_t(Category::MasterWeights)], 4 * n + kBufferAlignment);
+  EXPECT_GE(plan.category_bytes[size_t(Category::Weights)], 2 * n);
+  EXPECT_LT(plan.category_bytes[size_t(Category::Weights)], 2 * n + kBufferAlignment);
+  for (int k = 0; k < kNumCategories; ++k)
+    EXPECT_EQ(run.memory().arena_bytes(Category(k)), plan.category_bytes[size_t(k)]) << category_name(Category(k));
+}
+
+}  // namespace
+}  // namespace hone
