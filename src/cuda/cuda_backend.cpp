@@ -40,6 +40,11 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+  for (auto [ptr, one] : {std::pair{&ones_bf16_, float_to_bf16(1.0f)}, std::pair{&ones_f16_, float_to_f16(1.0f)}}) {
+    const std::vector<uint16_t> host(size_t(kOnesLength), one);
+    HONE_CUDA_CHECK(cudaMalloc(ptr, host.size() * sizeof(uint16_t)));
+    HONE_CUDA_CHECK(cudaMemcpy(*ptr, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  }
   HONE_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
   HONE_CUDA_CHECK(cudaEventCreateWithFlags(&read_back_, cudaEventDisableTiming));
   for (cudaEvent_t& e : mark_events_) HONE_CUDA_CHECK(cudaEventCreate(&e));
@@ -54,6 +59,8 @@ CudaBackend::~CudaBackend() {
   for (cudaEvent_t e : mark_events_)
     if (e) cudaEventDestroy(e);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
+  if (ones_bf16_) cudaFree(ones_bf16_);
+  if (ones_f16_) cudaFree(ones_f16_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
   bool tf32() const { return tf32_; }
 
   static constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+  // Vectors of ones in BF16 and F16, for bias gradients as products (linear.cu): rows of a
+  // micro-batch up to this many (batch x sequence) take that path.
+  static constexpr int64_t kOnesLength = 1 << 16;
 
   // Every matrix product of the backend: column-major D[m, n] = alpha op(A) op(B) +
   // beta D (+ bias per row when set), `batch` times at the given element strides. A and B
@@ -121,6 +124,8 @@ class CudaBackend final : public Backend {
   void read_marks(int64_t upto);  // accumulates the spans of marks [marks_read_, upto)
   cublasLtHandle_t lt_ = nullptr;
   void* gemm_workspace_ = nullptr;
+  void* ones_bf16_ = nullptr;
+  void* ones_f16_ = nullptr;
 
   // linear.cu state: the cuBLASLt algorithm the heuristic chose for each problem seen
   // (the query costs far more than the product for small shapes), round-robin when full.

@@ -497,10 +497,12 @@ void build_backward(GraphBuilder& g, const PlanKey& k) {
 
 struct Plan {
   explicit Plan(std::string context) : descs(std::move(context)) {}
-  Descriptors descs;           // the graph, the heuristics' configs and the plan itself
-  Desc plan = nullptr;
+  Descriptors descs;           // the graph, the heuristics' configs and the plans
+  Desc plan = nullptr;         // the fastest of the candidates, once timed
+  // Every plan of the heuristics' list that finalizes within the workspace, in its order;
+  // the first execution times them all and keeps the fastest in `plan`.
+  std::vector<Desc> candidates;
   std::vector<int64_t> uids;   // exactly the variant pack's: the non-virtual tensors of the ops
-  int64_t workspace_bytes = 0;
 };
 
 std::string last_error() {
@@ -516,8 +518,8 @@ int64_t get_int64(Descriptors& d, Desc desc, cudnnBackendAttributeName_t attr, c
   return value;
 }
 
-// Builds the graph and the first execution plan that the heuristics (mode A, then the
-// fallback list) offer, finalizes and fits the reserved workspace.
+// Builds the graph and the execution plans that the heuristics (mode A, or else the
+// fallback list) offer, finalize and fit the reserved workspace.
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const PlanKey& k) {
   auto plan = std::make_unique<Plan>(describe(k));
   Descriptors& d = plan->descs;
@@ -571,10 +573,9 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const PlanKey& k) {
                              ws, kSdpaWorkspaceBytes);
         continue;
       }
-      plan->plan = ep;
-      plan->workspace_bytes = ws;
-      return plan;
+      plan->candidates.push_back(ep);
     }
+    if (!plan->candidates.empty()) return plan;
   }
   fail("cuDNN fused attention ({}): no usable execution plan (cuDNN {}):{}", describe(k), cudnnGetVersion(), tried);
 }
@@ -601,6 +602,7 @@ const void* advance(const void* p, int64_t elements, DType t) {
 
 struct SdpaCache {
   cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
 
   ~SdpaCache() {
@@ -608,13 +610,40 @@ struct SdpaCache {
     if (handle) cudnnDestroy(handle);
   }
 
-  const Plan& plan(const PlanKey& k) {
+  Plan& plan(const PlanKey& k) {
     auto it = plans.find(k);
     if (it == plans.end()) it = plans.emplace(k, build_plan(handle, k)).first;
     return *it->second;
   }
 
-  void execute(const Plan& p, const Bindings& b, void* workspace) {
+  // On a plan's first call: each candidate runs on this call's own tensors (every output
+  // is overwritten, so the chosen plan's run below is what remains) and the fastest is kept.
+  void execute(Plan& p, const Bindings& b, void* workspace) {
+    if (!p.plan) {
+      p.plan = p.candidates.front();
+      if (p.candidates.size() > 1) {
+        cudaEvent_t start = nullptr, stop = nullptr;
+        HONE_CUDA_CHECK(cudaEventCreate(&start));
+        HONE_CUDA_CHECK(cudaEventCreate(&stop));
+        float best = std::numeric_limits<float>::infinity();
+        for (Desc c : p.candidates) {
+          run(p, c, b, workspace);  // warm-up
+          HONE_CUDA_CHECK(cudaEventRecord(start, stream));
+          for (int i = 0; i < 3; ++i) run(p, c, b, workspace);
+          HONE_CUDA_CHECK(cudaEventRecord(stop, stream));
+          HONE_CUDA_CHECK(cudaEventSynchronize(stop));
+          float ms = 0;
+          HONE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+          if (ms < best) best = ms, p.plan = c;
+        }
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+      }
+    }
+    run(p, p.plan, b, workspace);
+  }
+
+  void run(const Plan& p, Desc exec_plan, const Bindings& b, void* workspace) {
     const std::string& context = p.descs.context();
     check_aligned(b, context);
     HONE_CHECK(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "fused attention workspace {} not aligned", workspace);
@@ -631,7 +660,7 @@ struct SdpaCache {
     HONE_SET(pack, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(data.size()), data.data());
     HONE_SET(pack, vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
     pack.finalize(vp, "VARIANT_PACK_DESCRIPTOR");
-    HONE_CUDNN_CHECK(context, cudnnBackendExecute(handle, p.plan, vp));
+    HONE_CUDNN_CHECK(context, cudnnBackendExecute(handle, exec_plan, vp));
   }
 };
 
@@ -649,6 +678,7 @@ SdpaCache* make_sdpa_cache(cudaStream_t stream) {
     fail("fused bf16/fp16 attention needs a GPU of compute capability 8.0 or newer; device {} has {}.{}", device,
          major, minor);
   auto cache = std::make_unique<SdpaCache>();
+  cache->stream = stream;
   HONE_CUDNN_CHECK("creating the handle", cudnnCreate(&cache->handle));
   HONE_CUDNN_CHECK("creating the handle", cudnnSetStream(cache->handle, stream));
   return cache.release();
@@ -658,7 +688,7 @@ void destroy_sdpa_cache(SdpaCache* cache) noexcept { delete cache; }
 
 void sdpa_forward(SdpaCache& cache, const SdpaProblem& p, const SdpaForward& a) {
   validate(p, false);
-  const Plan& plan = cache.plan(plan_key(p, false));
+  Plan& plan = cache.plan(plan_key(p, false));
   const int64_t H = int64_t(p.heads) * p.head_dim;
   const float scale = p.scale, neg_inf = -std::numeric_limits<float>::infinity();
   const float drop_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
@@ -680,7 +710,7 @@ void sdpa_forward(SdpaCache& cache, const SdpaProblem& p, const SdpaForward& a) 
 
 void sdpa_backward(SdpaCache& cache, const SdpaProblem& p, const SdpaBackward& a) {
   validate(p, true);
-  const Plan& plan = cache.plan(plan_key(p, true));
+  Plan& plan = cache.plan(plan_key(p, true));
   const int64_t H = int64_t(p.heads) * p.head_dim;
   const bool dropout = p.dropout_p > 0.0f;
   const float scale = p.scale, neg_inf = -std::numeric_limits<float>::infinity();
