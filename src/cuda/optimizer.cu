@@ -35,12 +35,19 @@ __global__ void sum_squares_kernel(SumSquaresList list, float* out) {
   const float* x = list.x[t];
   const int64_t n = list.n[t];
   double acc = 0;
-  const int64_t groups = cuda::groups_of_4(n);
-#pragma unroll 4
-  for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
-    const Vec<4> q = cuda::load4(x, 4 * g, n, list.vec[t]);  // past n: zeros, which add nothing
+  const int64_t groups = cuda::groups_of_4(n), stride = cuda::grid_stride();
+  // Few blocks (see kSumSquaresMaxBlocks), so each thread keeps four 16-byte loads in
+  // flight, issued before any is used: one at a time left the memory system idle.
+  constexpr int kInFlight = 4;
+  for (int64_t g = cuda::grid_start(); g < groups; g += kInFlight * stride) {
+    Vec<4> q[kInFlight];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) acc = fma(double(q.v[k]), double(q.v[k]), acc);
+    for (int j = 0; j < kInFlight; ++j)
+      q[j] = cuda::load4(x, 4 * (g + j * stride), n, list.vec[t]);  // past n: zeros, which add nothing
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc = fma(double(q[j].v[k]), double(q[j].v[k]), acc);
   }
   acc = cuda::block_sum(acc, scratch);
   if (threadIdx.x == 0) atomicAdd(out, float(acc));
