@@ -105,6 +105,23 @@ TaskBatch task_batch(std::mt19937& g, int batch, int seq, int vocab) {
   return b;
 }
 
+// Random tokens and random labels: a batch whose examples' gradients do not share one
+// direction, for comparing the arithmetic of two precisions.
+TaskBatch random_batch(std::mt19937& g, int batch, int seq, int vocab) {
+  TaskBatch b;
+  std::uniform_int_distribution<int> tok(5, vocab - 1), len(seq / 2, seq), coin(0, 1);
+  for (int r = 0; r < batch; ++r) {
+    const int n = len(g);
+    for (int t = 0; t < seq; ++t) {
+      b.ids.push_back(t == 0 ? 2 : t < n ? tok(g) : 0);
+      b.mask.push_back(t < n ? 1 : 0);
+      b.types.push_back(0);
+    }
+    b.labels.push_back(float(coin(g)));
+  }
+  return b;
+}
+
 double rel_frobenius(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -114,12 +131,14 @@ double rel_frobenius(const std::vector<float>& got, const std::vector<float>& wa
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// One padded batch through the head-size-64 model: logits and the encoder's weight
-// gradients against the fp32 CUDA path, in relative Frobenius error (for a sum of many
-// roundings, about sqrt(#roundings) x 2^-9 in bf16). Biases and embedding tables are sums
-// over every token whose terms nearly cancel at random init (the key bias's exactly), so
-// their relative error measures the cancellation, not the arithmetic: measured here, 8x
-// smaller in fp16 than in bf16, as rounding is. The golden fixtures check them at scale.
+// One padded batch of random tokens and labels through the head-size-64 model: logits and
+// the encoder's weight gradients against the fp32 CUDA path, in relative Frobenius error
+// (for a sum of many roundings, about sqrt(#roundings) x 2^-9 in bf16). Biases and
+// embedding tables are sums over every token whose terms nearly cancel at random init (the
+// key bias's exactly), so their relative error measures the cancellation, not the
+// arithmetic (on a batch of the learnable task below, where the two classes' gradients
+// oppose, even layer 0's weights do: the error was 8x smaller in fp16 than in bf16, as
+// rounding is). The golden fixtures check every gradient at their scale.
 TEST(MixedPrecision, MatchesFp32OnPaddedBatch) {
   SKIP_WITHOUT_MIXED_PRECISION();
   auto be = make_cuda_backend({});
@@ -130,7 +149,7 @@ TEST(MixedPrecision, MatchesFp32OnPaddedBatch) {
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 11);
   std::mt19937 g(5);
-  const TaskBatch b = task_batch(g, 4, 64, c.vocab_size);
+  const TaskBatch b = random_batch(g, 4, 64, c.vocab_size);
   auto run_with = [&](DType t, std::vector<float>& logits, std::vector<float>& grads) {
     TrainingRun run(with_precision(a, t), c, 64, *be);
     run.write_weights(w.data());
