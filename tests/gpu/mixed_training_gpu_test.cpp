@@ -8,6 +8,7 @@
 #include <random>
 
 #include "golden.h"
+#include "hone/checkpoint.h"
 #include "hone/cuda.h"
 #include "hone/trainer.h"
 #include "hone/weights.h"
@@ -180,20 +181,33 @@ TEST(MixedPrecision, MatchesFp32OnPaddedBatch) {
   }
 }
 
+// An fp16 run of the small model, its weights written, for the loss scaler's tests.
+struct Fp16Run {
+  std::unique_ptr<Backend> be = make_cuda_backend({});
+  BertConfig config = small_bert();
+  TrainingArguments args = [] {
+    TrainingArguments a;
+    a.per_device_train_batch_size = 4;
+    a.fp16 = true;
+    return a;
+  }();
+  std::unique_ptr<TrainingRun> run = std::make_unique<TrainingRun>(args, config, 32, *be);
+  std::vector<float> weights;
+  Fp16Run() : weights(size_t(run->model().layout().count())) {
+    init_weights(config, run->model().layout(), weights.data(), 3);
+    run->write_weights(weights.data());
+  }
+};
+
 // GradScaler's contract: an overflow skips the step (weights and moments untouched) and
 // halves the scale; growth_interval clean steps double it; AdamW's step count and the
 // schedule advance on applied steps only.
 TEST(MixedPrecision, Fp16LossScalerSkipsOverflowAndBacksOff) {
   SKIP_WITHOUT_MIXED_PRECISION();
-  auto be = make_cuda_backend({});
-  const BertConfig c = small_bert();
-  TrainingArguments a;
-  a.per_device_train_batch_size = 4;
-  a.fp16 = true;
-  TrainingRun run(a, c, 32, *be);
-  std::vector<float> w(size_t(run.model().layout().count()));
-  init_weights(c, run.model().layout(), w.data(), 3);
-  run.write_weights(w.data());
+  Fp16Run f;
+  TrainingRun& run = *f.run;
+  const BertConfig& c = f.config;
+  const std::vector<float>& w = f.weights;
   std::mt19937 g(1);
   const TaskBatch b = task_batch(g, 4, 32, c.vocab_size);
   auto step = [&](int64_t k) {
@@ -228,6 +242,30 @@ TEST(MixedPrecision, Fp16LossScalerSkipsOverflowAndBacksOff) {
   // The gradient norm is reported unscaled: the same as a bf16 run's within fp16 rounding.
   EXPECT_TRUE(std::isfinite(run.last_grad_norm()));
   EXPECT_LT(run.last_grad_norm(), 100.0);
+}
+
+// A checkpoint of an fp16 run keeps GradScaler's state (scaler.json), and resuming restores
+// it: the scale, the clean-step count and the skipped steps that hold the schedule.
+TEST(MixedPrecision, Fp16CheckpointKeepsTheLossScaler) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  Fp16Run f;
+  TrainingRun& run = *f.run;
+  const BertConfig& c = f.config;
+  const std::vector<float>& w = f.weights;
+  run.set_scaler_state({1024.0, 7, 3});
+  test::TempDir tmp;
+  const std::string dir = tmp.path + "/checkpoint-5";
+  TrainerState st;
+  st.global_step = 5;
+  save_checkpoint(dir, run, ModelFiles{c, nullptr}, st, f.args, count_steps(f.args, 64));
+  TrainingRun resumed(f.args, c, 32, *f.be);
+  EXPECT_EQ(resumed.scaler_state()[0], 65536.0);
+  load_checkpoint(dir, resumed);
+  const std::array<double, 3> got = resumed.scaler_state();
+  EXPECT_EQ(got[0], 1024.0);
+  EXPECT_EQ(got[1], 7.0);
+  EXPECT_EQ(got[2], 3.0);
+  EXPECT_EQ(resumed.skipped_steps(), 3);
 }
 
 // 200 updates of a learnable task with dropout off: bf16 and fp32 learn it alike. Windows
