@@ -40,6 +40,9 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
+  const size_t reduce_bytes = kReduceSlots * sizeof(double) + sizeof(unsigned);
+  HONE_CUDA_CHECK(cudaMalloc(&reduce_scratch_, reduce_bytes));
+  HONE_CUDA_CHECK(cudaMemset(reduce_scratch_, 0, reduce_bytes));
   for (auto [ptr, one] : {std::pair{&ones_bf16_, float_to_bf16(1.0f)}, std::pair{&ones_f16_, float_to_f16(1.0f)}}) {
     const std::vector<uint16_t> host(size_t(kOnesLength), one);
     HONE_CUDA_CHECK(cudaMalloc(ptr, host.size() * sizeof(uint16_t)));
@@ -61,6 +64,7 @@ CudaBackend::~CudaBackend() {
   if (gemm_workspace_) cudaFree(gemm_workspace_);
   if (ones_bf16_) cudaFree(ones_bf16_);
   if (ones_f16_) cudaFree(ones_f16_);
+  if (reduce_scratch_) cudaFree(reduce_scratch_);
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
 }

@@ -86,6 +86,8 @@ class CudaBackend final : public Backend {
   // Vectors of ones in BF16 and F16, for bias gradients as products (linear.cu): rows of a
   // micro-batch up to this many (batch x sequence) take that path.
   static constexpr int64_t kOnesLength = 1 << 16;
+  // Double partials of block reductions (sum_squares) and their arrival count after them.
+  static constexpr int kReduceSlots = 1024;
 
   // Every matrix product of the backend: column-major D[m, n] = alpha op(A) op(B) +
   // beta D (+ bias per row when set), `batch` times at the given element strides. A and B
@@ -126,6 +128,7 @@ class CudaBackend final : public Backend {
   void* gemm_workspace_ = nullptr;
   void* ones_bf16_ = nullptr;
   void* ones_f16_ = nullptr;
+  void* reduce_scratch_ = nullptr;
 
   // linear.cu state: the cuBLASLt algorithm the heuristic chose for each problem seen
   // (the query costs far more than the product for small shapes), round-robin when full.

@@ -14,10 +14,9 @@ namespace {
 
 using cuda::Vec;
 
-// Blocks of sum_squares at most. Each block adds its partial to out[0] with one float
-// atomic, which rounds; a few hundred of them keep the sum within ~1e-6 of the CPU's
-// double sum while still filling the GPU (the loop below covers the rest).
-constexpr int kSumSquaresMaxBlocks = 512;
+// Blocks of sum_squares at most: one double partial each in the backend's reduction
+// scratch (the loop below covers the rest of the elements).
+constexpr int kSumSquaresMaxBlocks = CudaBackend::kReduceSlots;
 
 // Tensor lists travel as kernel arguments (a few KB at most): one launch for every
 // parameter group. blockIdx.y picks the tensor, blockIdx.x strides through it.
@@ -28,16 +27,19 @@ struct SumSquaresList {
 };
 
 // Squares are exact in double and summed in double per thread and per block, as the CPU
-// does; only the final atomicAdd into the F32 output rounds.
-__global__ void sum_squares_kernel(SumSquaresList list, float* out) {
+// does. Each block leaves its partial in `partials`; the last block to finish (counted in
+// `arrived`, which it resets) adds them in double and rounds once into out[0], so the
+// result does not depend on how many blocks there were.
+__global__ void sum_squares_kernel(SumSquaresList list, float* out, double* partials, unsigned* arrived) {
   __shared__ double scratch[32];
+  __shared__ bool last;
   const int t = blockIdx.y;
   const float* x = list.x[t];
   const int64_t n = list.n[t];
   double acc = 0;
   const int64_t groups = cuda::groups_of_4(n), stride = cuda::grid_stride();
-  // Few blocks (see kSumSquaresMaxBlocks), so each thread keeps four 16-byte loads in
-  // flight, issued before any is used: one at a time left the memory system idle.
+  // Each thread keeps four 16-byte loads in flight, issued before any is used: one at a
+  // time left the memory system idle.
   constexpr int kInFlight = 4;
   for (int64_t g = cuda::grid_start(); g < groups; g += kInFlight * stride) {
     Vec<4> q[kInFlight];
@@ -50,7 +52,22 @@ __global__ void sum_squares_kernel(SumSquaresList list, float* out) {
       for (int k = 0; k < 4; ++k) acc = fma(double(q[j].v[k]), double(q[j].v[k]), acc);
   }
   acc = cuda::block_sum(acc, scratch);
-  if (threadIdx.x == 0) atomicAdd(out, float(acc));
+  const unsigned blocks = gridDim.x * gridDim.y;
+  if (threadIdx.x == 0) {
+    partials[blockIdx.y * gridDim.x + blockIdx.x] = acc;
+    __threadfence();  // the partial is visible before the count says so
+    last = atomicAdd(arrived, 1u) == blocks - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  double total = 0;
+  for (unsigned i = threadIdx.x; i < blocks; i += blockDim.x) total += static_cast<volatile double*>(partials)[i];
+  total = cuda::block_sum(total, scratch);
+  if (threadIdx.x == 0) {
+    out[0] = float(double(out[0]) + total);
+    *arrived = 0;
+  }
 }
 
 // One thread; the CPU's formulas in double. Without a scaler inv_scale is 1 and the
@@ -177,10 +194,11 @@ void CudaBackend::sum_squares(const Tensor* xs, int count, Tensor& out) {
     longest = std::max(longest, list.n[t]);
   }
   if (count == 0 || longest == 0) return;
-  // Few enough blocks per tensor that the float atomics stay within ~1e-6 of a double sum.
   const int per_tensor = std::max(1, std::min(cuda::blocks_for(cuda::groups_of_4(longest)),
                                               kSumSquaresMaxBlocks / count));
-  sum_squares_kernel<<<dim3(per_tensor, count), cuda::kThreads, 0, stream()>>>(list, out.f32());
+  double* partials = static_cast<double*>(reduce_scratch_);
+  sum_squares_kernel<<<dim3(per_tensor, count), cuda::kThreads, 0, stream()>>>(
+      list, out.f32(), partials, reinterpret_cast<unsigned*>(partials + kReduceSlots));
   HONE_CUDA_LAUNCH_CHECK();
 }
 
