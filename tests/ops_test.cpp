@@ -629,7 +629,7 @@ TEST(OpsOptimizer, TensorListsEqualOneCallPerTensor) {
     for (auto* list : {&m, &v, &m1, &v1}) list->push_back(filled({n}, 0.01f));
   }
   for (int t = 0; t < count; ++t) {
-    slices.push_back({p[size_t(t)].t, g[size_t(t)].t, m[size_t(t)].t, v[size_t(t)].t, t % 2 ? 0.0 : 0.1});
+    slices.push_back({p[size_t(t)].t, g[size_t(t)].t, m[size_t(t)].t, v[size_t(t)].t, t % 2 ? 0.0 : 0.1, Tensor{}});
     grads.push_back(g[size_t(t)].t);
   }
   const AdamWStep s{.lr = 0.01, .step = 3};

@@ -33,7 +33,7 @@ void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& 
 
 void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
            const Tensor& norm_coef) {
-  const AdamWSlice slice{param, grad, m, v, s.weight_decay};
+  const AdamWSlice slice{param, grad, m, v, s.weight_decay, Tensor{}};
   adamw(be, &slice, 1, s, norm_coef);
 }
 
