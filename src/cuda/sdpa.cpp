@@ -686,25 +686,44 @@ SdpaCache* make_sdpa_cache(cudaStream_t stream) {
 
 void destroy_sdpa_cache(SdpaCache* cache) noexcept { delete cache; }
 
+// The by-value scalars of both directions; they must outlive the execution call.
+struct Scalars {
+  float scale, neg_inf, drop_scale, drop_scale_inv;
+  explicit Scalars(const SdpaProblem& p)
+      : scale(p.scale),
+        neg_inf(-std::numeric_limits<float>::infinity()),
+        drop_scale(p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f),
+        drop_scale_inv(p.dropout_p > 0.0f ? 1.0f - p.dropout_p : 1.0f) {}
+};
+
+// What forward and backward share: Q and K (views into qkv), O, the statistics, the
+// lengths, the Philox state and the scalars. A graph's pack takes only the uids it uses.
+Bindings shared_bindings(const SdpaProblem& p, const void* qkv, const void* ctx, const float* lse,
+                         const int32_t* seq_q, const int32_t* seq_kv, const int64_t* seed, const int64_t* offset,
+                         const Scalars& s) {
+  const int64_t H = int64_t(p.heads) * p.head_dim;
+  Bindings b{};
+  b[kQ] = qkv;
+  b[kK] = advance(qkv, H, p.dtype);
+  b[kO] = ctx;
+  b[kStats] = lse;
+  b[kSeqQ] = seq_q;
+  b[kSeqKv] = seq_kv;
+  b[kSeed] = seed;
+  b[kOffset] = offset;
+  b[kScale] = &s.scale;
+  b[kNegInf] = &s.neg_inf;
+  b[kDropScale] = &s.drop_scale;
+  b[kDropScaleInv] = &s.drop_scale_inv;
+  return b;
+}
+
 void sdpa_forward(SdpaCache& cache, const SdpaProblem& p, const SdpaForward& a) {
   validate(p, false);
   Plan& plan = cache.plan(plan_key(p, false));
-  const int64_t H = int64_t(p.heads) * p.head_dim;
-  const float scale = p.scale, neg_inf = -std::numeric_limits<float>::infinity();
-  const float drop_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-  Bindings b{};
-  b[kQ] = a.qkv;
-  b[kK] = advance(a.qkv, H, p.dtype);
-  b[kV] = advance(a.qkv, 2 * H, p.dtype);
-  b[kO] = a.ctx;
-  b[kStats] = a.lse;
-  b[kSeqQ] = a.seq_q;
-  b[kSeqKv] = a.seq_kv;
-  b[kSeed] = a.seed;
-  b[kOffset] = a.offset;
-  b[kScale] = &scale;
-  b[kNegInf] = &neg_inf;
-  b[kDropScale] = &drop_scale;
+  const Scalars s(p);
+  Bindings b = shared_bindings(p, a.qkv, a.ctx, a.lse, a.seq_q, a.seq_kv, a.seed, a.offset, s);
+  b[kV] = advance(a.qkv, 2 * int64_t(p.heads) * p.head_dim, p.dtype);
   cache.execute(plan, b, a.workspace);
 }
 
@@ -712,30 +731,15 @@ void sdpa_backward(SdpaCache& cache, const SdpaProblem& p, const SdpaBackward& a
   validate(p, true);
   Plan& plan = cache.plan(plan_key(p, true));
   const int64_t H = int64_t(p.heads) * p.head_dim;
-  const bool dropout = p.dropout_p > 0.0f;
-  const float scale = p.scale, neg_inf = -std::numeric_limits<float>::infinity();
-  const float drop_scale = dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-  const float drop_scale_inv = dropout ? 1.0f - p.dropout_p : 1.0f;
-  Bindings b{};
-  b[kQ] = a.qkv;
-  b[kK] = advance(a.qkv, H, p.dtype);
+  const Scalars s(p);
+  Bindings b = shared_bindings(p, a.qkv, a.ctx, a.lse, a.seq_q, a.seq_kv, a.seed, a.offset, s);
   b[kVt] = advance(a.qkv, 2 * H, p.dtype);
-  b[kO] = a.ctx;
   b[kDO] = a.dctx;
-  b[kStats] = a.lse;
   b[kSoftmaxSum] = a.softmax_sum;
   b[kDQAccum] = a.dq_accum;
   b[kDQ] = a.dqkv;
   b[kDK] = advance(a.dqkv, H, p.dtype);
   b[kDV] = advance(a.dqkv, 2 * H, p.dtype);
-  b[kSeqQ] = a.seq_q;
-  b[kSeqKv] = a.seq_kv;
-  b[kSeed] = a.seed;
-  b[kOffset] = a.offset;
-  b[kScale] = &scale;
-  b[kNegInf] = &neg_inf;
-  b[kDropScale] = &drop_scale;
-  b[kDropScaleInv] = &drop_scale_inv;
   cache.execute(plan, b, a.workspace);
 }
 
