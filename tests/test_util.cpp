@@ -35,6 +35,12 @@ HostTensor filled(Shape s, float value) {
   return h;
 }
 
+HostTensor clone(const HostTensor& h) {
+  HostTensor c(h.t.dtype, h.t.shape);
+  c.storage = h.storage;
+  return c;
+}
+
 HostTensor norm_coef(float value) {
   HostTensor h = filled({kNormCoefSize}, value);
   h.f()[2] = 0.0f;

@@ -33,6 +33,7 @@ void fill_uniform(HostTensor& h, uint64_t seed, float lo = -1.0f, float hi = 1.0
 // New F32 host tensors: uniform random, or every element `value`.
 HostTensor random(Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 HostTensor filled(Shape s, float value);
+HostTensor clone(const HostTensor& h);  // a copy (HostTensor itself is move-only)
 // A clip_coefficient output (F32 [kNormCoefSize]) with norm and coefficient `value` and no skip.
 HostTensor norm_coef(float value);
 

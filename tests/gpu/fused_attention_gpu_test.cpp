@@ -26,6 +26,7 @@
 #include "hone/cuda.h"
 #include "hone/dtype.h"
 #include "hone/error.h"
+#include "device_tensor.h"
 #include "test_util.h"
 
 namespace hone {
@@ -39,19 +40,9 @@ namespace {
 double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 3e-3; }
 const char* label(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-uint16_t to_half_bits(DType t, float v) { return t == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
-float from_half_bits(DType t, uint16_t v) { return t == DType::BF16 ? bf16_to_float(v) : f16_to_float(v); }
-
-// Rounds every value to the half type (nearest even), so that F32 copies hold exactly what
-// the half tensors hold.
-void round_to(DType t, std::vector<float>& v) {
-  if (t == DType::F32) return;
-  for (float& x : v) x = from_half_bits(t, to_half_bits(t, x));
-}
+using test::DeviceTensor;
+using test::round_all;
+using test::round_to;
 
 std::vector<float> uniform(int64_t n, uint64_t seed, float lo, float hi) {
   std::mt19937_64 g(seed);
@@ -60,54 +51,6 @@ std::vector<float> uniform(int64_t n, uint64_t seed, float lo, float hi) {
   for (float& x : v) x = u(g);
   return v;
 }
-
-// Device memory from the backend's allocator. Transfers go through the runtime, with device
-// synchronizations that order them with the backend's non-blocking stream.
-struct DeviceBuffer {
-  Backend& be;
-  Tensor t;
-
-  DeviceBuffer(Backend& backend, DType dtype, Shape s) : be(backend) {
-    t.dtype = dtype;
-    t.shape = s;
-    t.device = Device::CUDA;
-    t.data = be.allocate(std::max<size_t>(t.bytes(), 1));
-  }
-  ~DeviceBuffer() { be.deallocate(t.data); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void upload_bytes(const void* host) {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(t.data, host, t.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  // Floats into an F32, BF16 or F16 tensor (rounded to nearest even).
-  void upload(const std::vector<float>& v) {
-    if (int64_t(v.size()) != t.numel()) throw std::runtime_error("upload: size mismatch");
-    if (t.dtype == DType::F32) return upload_bytes(v.data());
-    std::vector<uint16_t> bits(v.size());
-    for (size_t i = 0; i < v.size(); ++i) bits[i] = to_half_bits(t.dtype, v[i]);
-    upload_bytes(bits.data());
-  }
-  void fill_nan() {
-    if (t.dtype == DType::F32) return upload(std::vector<float>(size_t(t.numel()), std::nanf("")));
-    const uint16_t nan = t.dtype == DType::BF16 ? 0x7FC0 : 0x7E00;
-    upload_bytes(std::vector<uint16_t>(size_t(t.numel()), nan).data());
-  }
-  std::vector<float> download() const {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    std::vector<float> v(size_t(t.numel()));
-    if (t.dtype == DType::F32) {
-      cuda_ok(cudaMemcpy(v.data(), t.data, t.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-    } else {
-      std::vector<uint16_t> bits(v.size());
-      cuda_ok(cudaMemcpy(bits.data(), t.data, t.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-      for (size_t i = 0; i < v.size(); ++i) v[i] = from_half_bits(t.dtype, bits[i]);
-    }
-    return v;
-  }
-};
 
 struct Problem {
   AttentionDims d;
@@ -144,18 +87,18 @@ class Attention {
       : be_(be),
         t_(t),
         p_(p),
-        qkv_(be, t, {p.tokens(), 3 * p.hidden()}),
-        mask_(be, DType::I32, {p.d.batch, p.d.seq}),
-        dctx_(be, t, {p.tokens(), p.hidden()}),
-        stats_(be, DType::F32, {p.d.batch, p.d.heads, p.d.seq, 2}),
-        ctx_(be, t, {p.tokens(), p.hidden()}),
-        dqkv_(be, t, {p.tokens(), 3 * p.hidden()}),
-        work_(be, DType::F32, {be.attention_workspace_elems(p.d, t)}) {
+        qkv_(be, t, Shape{p.tokens(), 3 * p.hidden()}),
+        mask_(be, DType::I32, Shape{p.d.batch, p.d.seq}),
+        dctx_(be, t, Shape{p.tokens(), p.hidden()}),
+        stats_(be, DType::F32, Shape{p.d.batch, p.d.heads, p.d.seq, 2}),
+        ctx_(be, t, Shape{p.tokens(), p.hidden()}),
+        dqkv_(be, t, Shape{p.tokens(), 3 * p.hidden()}),
+        work_(be, DType::F32, Shape{be.attention_workspace_elems(p.d, t)}) {
     std::vector<int32_t> mask(size_t(p.tokens()));
     for (int b = 0; b < p.d.batch; ++b)
       for (int j = 0; j < p.d.seq; ++j) mask[size_t(b) * p.d.seq + j] = j < p.lengths[size_t(b)];
     mask_.upload_bytes(mask.data());
-    for (DeviceBuffer* x : {&stats_, &ctx_, &dqkv_, &work_}) x->fill_nan();
+    for (DeviceTensor* x : {&stats_, &ctx_, &dqkv_, &work_}) x->mark_unwritten();
   }
 
   void forward(const std::vector<float>& qkv, const DropoutSpec& drop) {
@@ -191,7 +134,7 @@ class Attention {
   Backend& be_;
   DType t_;
   Problem p_;
-  DeviceBuffer qkv_, mask_, dctx_, stats_, ctx_, dqkv_, work_;
+  DeviceTensor qkv_, mask_, dctx_, stats_, ctx_, dqkv_, work_;
 };
 
 // Columns [c0, c1) of row-major [rows, cols] matrices: ||got - want|| / ||want||, and the
@@ -230,22 +173,8 @@ double dot(const std::vector<float>& a, const std::vector<float>& b, int64_t col
   return s;
 }
 
-// A CUDA backend on a GPU that can run the fused path (SM 8.0+), else the test skips.
-class GpuBackend : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    int dev = 0, major = 0, minor = 0;
-    cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
-    cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    cuda_ok(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
-    if (major < 8) GTEST_SKIP() << "fused attention needs compute capability 8.0; this GPU has " << major << "." << minor;
-    be_ = make_cuda_backend({});
-  }
-  Backend& be() { return *be_; }
-  std::unique_ptr<Backend> be_;
-};
+// The CUDA backend needs SM 8.0 or newer, as the fused path does.
+using GpuBackend = test::GpuTest;
 
 // The fused path itself: skipped in a build without cuDNN.
 class FusedAttention : public GpuBackend {
@@ -269,7 +198,7 @@ TEST_F(FusedAttentionWithoutCudnn, FailsClearly) {
   GTEST_SKIP() << "this build has cuDNN";
 #else
   const Problem p = problem(2, 16, 2, 64, {16, 9});
-  Attention a(be(), DType::BF16, p);
+  Attention a(gpu(), DType::BF16, p);
   try {
     a.forward(make_qkv(p, 1, 1.0f, -1.0f, 1.0f), {});
     FAIL() << "bf16 attention ran without cuDNN";
@@ -293,9 +222,9 @@ TEST_F(FusedAttention, MatchesUnfusedFp32WithPadding) {
       std::printf("%s %s\n", label(t), p.str().c_str());
       // Q and K in [-2, 2] give scores of standard deviation 1.3: peaked, not one-hot, rows.
       std::vector<float> qkv = make_qkv(p, 11, 2.0f, -1.0f, 1.0f), dctx = uniform(T * H, 12, -1.0f, 1.0f);
-      round_to(t, qkv);
-      round_to(t, dctx);
-      Attention ref(be(), DType::F32, p), fused(be(), t, p);
+      round_all(qkv, t);
+      round_all(dctx, t);
+      Attention ref(gpu(), DType::F32, p), fused(gpu(), t, p);
       for (Attention* a : {&ref, &fused}) {
         a->forward(qkv, {});
         a->backward(dctx, {});
@@ -333,9 +262,9 @@ TEST_F(FusedAttention, DropoutIsReproducibleVariesWithStreamAndSeedAndIsUnbiased
     SCOPED_TRACE(label(t));
     // V in [0.5, 1.5]: outputs near 1, so that their mean is a sharp statistic.
     std::vector<float> qkv = make_qkv(p, 21, 2.0f, 0.5f, 1.5f), dctx = uniform(T * H, 22, -1.0f, 1.0f);
-    round_to(t, qkv);
-    round_to(t, dctx);
-    Attention a(be(), t, p), b(be(), t, p);
+    round_all(qkv, t);
+    round_all(dctx, t);
+    Attention a(gpu(), t, p), b(gpu(), t, p);
     a.forward(qkv, drop);
     a.backward(dctx, drop);
     b.forward(qkv, drop);
@@ -384,7 +313,7 @@ TEST_F(FusedAttention, DropoutMaskOfBackwardIsTheForwardsLinearityInV) {
   for (DType t : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(label(t));
     std::vector<float> qkv = make_qkv(p, 31, 2.0f, -1.0f, 1.0f);
-    round_to(t, qkv);
+    round_all(qkv, t);
     std::vector<float> qkv2 = qkv;  // V + D, D uniform in [-1, 1], rounded: D = what the device sees
     const std::vector<float> noise = uniform(T * H, 32, -1.0f, 1.0f);
     std::vector<float> delta(size_t(T * H));
@@ -392,17 +321,17 @@ TEST_F(FusedAttention, DropoutMaskOfBackwardIsTheForwardsLinearityInV) {
       for (int64_t c = 0; c < H; ++c) {
         float& v2 = qkv2[size_t(r * 3 * H + 2 * H + c)];
         const float v = v2;
-        v2 = from_half_bits(t, to_half_bits(t, v + noise[size_t(r * H + c)]));
+        v2 = round_to(v + noise[size_t(r * H + c)], t);
         delta[size_t(r * H + c)] = v2 - v;  // exact in F32
       }
-    Attention a(be(), t, p);
+    Attention a(gpu(), t, p);
     a.forward(qkv2, drop);
     const std::vector<float> o2 = a.ctx();
     a.forward(qkv, drop);
     const std::vector<float> o1 = a.ctx();
     std::vector<float> dout(size_t(T * H));
     for (size_t i = 0; i < dout.size(); ++i) dout[i] = o2[i] - o1[i];
-    round_to(t, dout);
+    round_all(dout, t);
     a.backward(dout, drop);
     const std::vector<float> g = a.dqkv();
     std::vector<float> dv(size_t(T * H));
@@ -430,7 +359,7 @@ TEST_F(FusedAttention, DropoutMaskOfBackwardIsTheForwardsElementByElement) {
     SCOPED_TRACE(label(t));
     // Q and K in [-1, 1]: probabilities within a small factor of 1 / S, far from underflow in fp16.
     std::vector<float> qkv = make_qkv(p, 41, 1.0f, -1.0f, 1.0f);
-    round_to(t, qkv);
+    round_all(qkv, t);
     for (int64_t r = 0; r < T; ++r) std::fill_n(qkv.begin() + r * 3 * H + 2 * H, H, 0.0f);  // V = 0 ...
     std::vector<float> dout(size_t(T * H), 0.0f);
     for (int b = 0; b < p.d.batch; ++b)
@@ -440,7 +369,7 @@ TEST_F(FusedAttention, DropoutMaskOfBackwardIsTheForwardsElementByElement) {
           qkv[size_t(row * 3 * H + 2 * H + h * D + k)] = 1.0f;  // ... but V[key k, dim k] = 1
           dout[size_t(row * H + h * D + k)] = 1.0f;             // dO[query k, dim k] = 1
         }
-    Attention a(be(), t, p);
+    Attention a(gpu(), t, p);
     a.forward(qkv, drop);
     a.backward(dout, drop);
     const std::vector<float> ctx = a.ctx(), g = a.dqkv();
@@ -484,10 +413,10 @@ TEST_F(FusedAttention, DropoutMaskOfBackwardIsTheForwardsElementByElement) {
 TEST_F(FusedAttention, RejectsHeadSizesCudnnCannotRun) {
   for (int head_dim : {12, 136}) {
     const Problem p = problem(1, 16, 2, head_dim, {16});
-    Attention a(be(), DType::BF16, p);
+    Attention a(gpu(), DType::BF16, p);
     try {
       a.forward(make_qkv(p, 1, 1.0f, -1.0f, 1.0f), {});
-      be().synchronize();
+      gpu().synchronize();
       FAIL() << "head_dim " << head_dim << " ran";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("head size"), std::string::npos) << e.what();
@@ -506,14 +435,14 @@ TEST_F(FusedAttention, BertLargeShapeMatchesAndReportsTime) {
   auto report_time = [&](Attention& a, DType t, const DropoutSpec& d) {
     a.run_forward(d);  // plans are built on first use
     a.run_backward(d);
-    be().synchronize();
+    gpu().synchronize();
     constexpr int kReps = 20;
     const auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < kReps; ++r) a.run_forward(d);
-    be().synchronize();
+    gpu().synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     for (int r = 0; r < kReps; ++r) a.run_backward(d);
-    be().synchronize();
+    gpu().synchronize();
     const auto t2 = std::chrono::steady_clock::now();
     const auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count() / kReps; };
     std::printf("  time %s p=%.1f: forward %.3f ms, backward %.3f ms\n", label(t), d.p, ms(t0, t1), ms(t1, t2));
@@ -521,9 +450,9 @@ TEST_F(FusedAttention, BertLargeShapeMatchesAndReportsTime) {
   for (DType t : {DType::BF16, DType::F16}) {
     SCOPED_TRACE(label(t));
     std::vector<float> q = qkv, g = dctx;
-    round_to(t, q);
-    round_to(t, g);
-    Attention ref(be(), DType::F32, p), fused(be(), t, p);
+    round_all(q, t);
+    round_all(g, t);
+    Attention ref(gpu(), DType::F32, p), fused(gpu(), t, p);
     for (Attention* a : {&ref, &fused}) {
       a->forward(q, {});
       a->backward(g, {});

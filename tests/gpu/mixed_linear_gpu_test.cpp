@@ -21,12 +21,18 @@
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
 #include "hone/dtype.h"
+#include "device_tensor.h"
 #include "test_util.h"
 
 namespace hone {
 namespace {
 
+using test::clone;
+using test::DeviceTensor;
+using test::expect_close;
+using test::half_bits;
 using test::HostTensor;
+using test::round_to;
 using test::filled;
 using test::random;
 
@@ -43,114 +49,17 @@ double half_tol(DType t, int roundings = 1) { return roundings * unit_roundoff(t
 // only in the order of F32 accumulation, as in the fp32 tests.
 constexpr double kF32Tol = 1e-5;
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-uint16_t to_half_bits(DType t, float v) { return t == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
-float from_half_bits(DType t, uint16_t b) { return t == DType::BF16 ? bf16_to_float(b) : f16_to_float(b); }
-
 // Uniform values rounded to the half type, so that BF16/F16 and F32 hold the same numbers.
 HostTensor representable(DType t, Shape s, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
   HostTensor h = random(s, seed, lo, hi);
-  for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = from_half_bits(t, to_half_bits(t, h.f()[i]));
+  for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = round_to(h.f()[i], t);
   return h;
 }
 
-HostTensor clone(const HostTensor& h) {
-  HostTensor c(h.t.dtype, h.t.shape);
-  c.storage = h.storage;
-  return c;
-}
 
-// Device memory of one tensor, from the backend's allocator. Transfers go through the
-// runtime directly and synchronize the device, ordering them with the backend's stream.
-struct DeviceTensor {
-  Backend& be;
-  Tensor t;
-
-  // All bits set: NaN in F32, BF16 and F16, so that an output element never written fails.
-  DeviceTensor(Backend& backend, DType d, Shape s) : be(backend) {
-    t.dtype = d;
-    t.shape = s;
-    t.device = Device::CUDA;
-    t.data = be.allocate(std::max<size_t>(t.bytes(), 1));
-    cuda_ok(cudaMemset(t.data, 0xff, t.bytes()), "cudaMemset");
-  }
-  // A device copy of F32 host values in dtype d (exact for representable values).
-  DeviceTensor(Backend& backend, DType d, const HostTensor& h) : DeviceTensor(backend, d, h.t.shape) {
-    upload(h.t.f32());
-  }
-  ~DeviceTensor() { be.deallocate(t.data); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-
-  void upload(const float* values) { write_floats(t, values); }
-  std::vector<float> download() const { return read_floats(t); }
-
-  static void write_bytes(const Tensor& t, const void* host) {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(t.data, host, t.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  static void read_bytes(const Tensor& t, void* host) {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(host, t.data, t.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-  }
-  static void write_floats(const Tensor& t, const float* values) {
-    if (t.dtype == DType::F32) return write_bytes(t, values);
-    std::vector<uint16_t> bits(size_t(t.numel()));
-    for (size_t i = 0; i < bits.size(); ++i) bits[i] = to_half_bits(t.dtype, values[i]);
-    write_bytes(t, bits.data());
-  }
-  static std::vector<uint16_t> read_bits(const Tensor& t) {
-    std::vector<uint16_t> bits(size_t(t.numel()));
-    read_bytes(t, bits.data());
-    return bits;
-  }
-  static std::vector<float> read_floats(const Tensor& t) {
-    std::vector<float> v(size_t(t.numel()));
-    if (t.dtype == DType::F32) {
-      read_bytes(t, v.data());
-    } else {
-      const std::vector<uint16_t> bits = read_bits(t);
-      for (size_t i = 0; i < v.size(); ++i) v[i] = from_half_bits(t.dtype, bits[i]);
-    }
-    return v;
-  }
-};
-
-// The device result against the reference: the norm-wise relative error, and the largest
-// element error relative to the largest reference magnitude, both within tol.
-void expect_close(const std::string& what, const std::vector<float>& got, const HostTensor& want, double tol) {
-  const float* w = want.t.f32();
-  const int64_t n = want.n();
-  ASSERT_EQ(int64_t(got.size()), n) << what;
-  double scale = 0, worst = 0;
-  int64_t worst_i = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    scale = std::max(scale, std::fabs(double(w[i])));
-    double err = std::fabs(double(got[size_t(i)]) - w[i]);
-    if (std::isnan(err)) err = INFINITY;  // no error is worse
-    if (err > worst) worst = err, worst_i = i;
-  }
-  EXPECT_LE(test::norm_rel_error(got.data(), w, n), tol) << what;
-  EXPECT_LE(worst, tol * scale) << what << ": element " << worst_i << " is " << got[size_t(worst_i)]
-                                << " on the GPU, " << w[worst_i] << " in the F32 reference (largest |value| "
-                                << scale << ")";
-}
-
-class GpuMixed : public ::testing::Test {
+class GpuMixed : public test::GpuTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    gpu_ = make_cuda_backend({});
-  }
-  Backend& gpu() { return *gpu_; }
-
   CpuBackend cpu;
-  std::unique_ptr<Backend> gpu_;
 };
 
 // ---------------------------------------------------------------------------- linear
@@ -292,14 +201,14 @@ TEST_F(GpuMixed, AdamWWritesTheRoundedParametersInTheSamePass) {
       expect_close("param" + at, param, l.p[size_t(i)], kF32Tol);
       expect_close("m" + at, l.dm[size_t(i)]->download(), l.m[size_t(i)], kF32Tol);
       expect_close("v" + at, l.dv[size_t(i)]->download(), l.v[size_t(i)], kF32Tol);
-      const std::vector<uint16_t> bits = DeviceTensor::read_bits(l.dhalf[size_t(i)]->t);
+      const std::vector<uint16_t> bits = l.dhalf[size_t(i)]->bits();
       const uint16_t* cpu_bits = l.half[size_t(i)].t.ptr<uint16_t>();
       const int64_t off = AdamWLists::kHalfOffset[i];
       for (int64_t j = 0; j < AdamWLists::kSizes[i]; ++j) {
         // Without a copy the memory keeps its NaN bits; with one, each element is the
         // updated parameter rounded to nearest even, on either backend.
-        const uint16_t want = AdamWLists::kHasHalf[i] ? to_half_bits(t, param[size_t(j)]) : uint16_t(0xffff);
-        const uint16_t cpu_want = AdamWLists::kHasHalf[i] ? to_half_bits(t, l.p[size_t(i)].f()[j]) : uint16_t(0xffff);
+        const uint16_t want = AdamWLists::kHasHalf[i] ? half_bits(param[size_t(j)], t) : uint16_t(0xffff);
+        const uint16_t cpu_want = AdamWLists::kHasHalf[i] ? half_bits(l.p[size_t(i)].f()[j], t) : uint16_t(0xffff);
         ASSERT_EQ(bits[size_t(j + off)], want) << "GPU copy, element " << j << at;
         ASSERT_EQ(cpu_bits[j], cpu_want) << "CPU copy, element " << j << at;
       }
@@ -334,11 +243,11 @@ TEST_F(GpuMixed, AdamWSkippedStepChangesNothing) {
       for (size_t j = 0; j < host.size(); ++j, ++k) {
         EXPECT_TRUE(host[j]->storage == before[k]) << "CPU state " << j << at;
         std::vector<std::byte> got(host[j]->storage.size());
-        DeviceTensor::read_bytes(dev[j]->t, got.data());
+        dev[j]->download_bytes(got.data());
         EXPECT_TRUE(got == before[k]) << "GPU state " << j << at;
       }
       EXPECT_TRUE(l.half[size_t(i)].storage == before[k++]) << "CPU copy" << at;
-      for (uint16_t b : DeviceTensor::read_bits(l.dhalf[size_t(i)]->t)) ASSERT_EQ(b, 0xffff) << "GPU copy" << at;
+      for (uint16_t b : l.dhalf[size_t(i)]->bits()) ASSERT_EQ(b, 0xffff) << "GPU copy" << at;
     }
   }
 }

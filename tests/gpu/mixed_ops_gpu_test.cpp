@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -23,6 +22,7 @@
 
 #include "hone/cuda.h"
 #include "hone/dtype.h"
+#include "device_tensor.h"
 #include "test_util.h"
 
 namespace hone {
@@ -42,19 +42,15 @@ constexpr double kFloatSlack = 1e-6;
 constexpr double kHalfAbs = 0x1p-24;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
 std::string name(DType t) { return std::string(dtype_name(t)); }
 
-uint16_t half_bits(float v, DType t) { return t == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); }
-float half_value(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_float(h) : f16_to_float(h); }
+using test::half_bits;
+using test::half_value;
+using test::kUnwrittenHalf;
+using test::round_to;
 
-// v rounded to nearest even in t (unchanged in F32).
-float round_to(float v, DType t) { return t == DType::F32 ? v : half_value(half_bits(v, t), t); }
 std::vector<float> rounded(std::vector<float> v, DType t) {
-  for (float& x : v) x = round_to(x, t);
+  test::round_all(v, t);
   return v;
 }
 
@@ -74,87 +70,19 @@ std::vector<int32_t> random_ints(int64_t n, uint64_t seed, int lo, int hi) {
   return v;
 }
 
-// Device memory of one dtype from the backend's allocator: the tensor starts `offset`
-// elements into the allocation and kGuard elements follow it, so that writes outside it
-// show. Transfers go through the runtime directly, so that the ops under test are not
-// also the harness; the device synchronizations order them with the backend's stream.
-struct Dev {
-  static constexpr int kGuard = 8;
-  Backend& be;
-  void* base;
-  int64_t total;  // elements in the allocation
-  Tensor t;
-
-  Dev(Backend& b, DType d, Shape s, int offset = 0) : be(b), total(offset + s.numel() + kGuard) {
-    base = be.allocate(size_t(total) * dtype_size(d));
-    t = Tensor{static_cast<std::byte*>(base) + offset * dtype_size(d), d, s, Device::CUDA};
-    if (d != DType::I32) set_all(kNaN);  // an element an op should write but does not fails the comparison
-  }
-  // A 1-D tensor holding v rounded to d.
-  Dev(Backend& b, DType d, const std::vector<float>& v, int offset = 0) : Dev(b, d, Shape{int64_t(v.size())}, offset) {
-    set(v);
-  }
-  ~Dev() { be.deallocate(base); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-
-  void upload(const void* src, void* dst, size_t bytes) {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  void download(const void* src, void* dst, size_t bytes) const {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-  }
-
-  // Floats as raw elements of the (floating) dtype, rounded for halves.
-  std::vector<std::byte> encode(const std::vector<float>& v) const {
-    std::vector<std::byte> raw(v.size() * dtype_size(t.dtype));
-    for (size_t i = 0; i < v.size(); ++i) {
-      if (t.dtype == DType::F32) {
-        std::memcpy(&raw[i * 4], &v[i], 4);
-      } else {
-        const uint16_t h = half_bits(v[i], t.dtype);
-        std::memcpy(&raw[i * 2], &h, 2);
-      }
-    }
-    return raw;
-  }
-  void set(const std::vector<float>& v) {
-    const std::vector<std::byte> raw = encode(v);
-    upload(raw.data(), t.data, raw.size());
-  }
-  void set_all(float value) {
-    const std::vector<std::byte> raw = encode(std::vector<float>(size_t(total), value));
-    upload(raw.data(), base, raw.size());
-  }
-  void set_ints(const std::vector<int32_t>& v) { upload(v.data(), t.data, v.size() * 4); }
-
-  // The raw 16-bit elements of a half tensor: the tensor's, or the whole allocation's.
-  std::vector<uint16_t> bits(bool all = false) const {
-    std::vector<uint16_t> h(size_t(all ? total : t.numel()));
-    download(all ? base : t.data, h.data(), h.size() * 2);
-    return h;
-  }
-  std::vector<float> get() const {
-    if (t.dtype == DType::F32) {
-      std::vector<float> v(size_t(t.numel()));
-      download(t.data, v.data(), v.size() * 4);
-      return v;
-    }
-    const std::vector<uint16_t> h = bits();
-    std::vector<float> v(h.size());
-    for (size_t i = 0; i < h.size(); ++i) v[i] = half_value(h[i], t.dtype);
-    return v;
-  }
+// A device tensor `offset` elements into its allocation, with kGuard elements after it,
+// so that writes outside it show (see test::DeviceTensor).
+constexpr int kGuard = 8;
+struct Dev : test::DeviceTensor {
+  Dev(Backend& b, DType d, Shape s, int offset = 0) : DeviceTensor(b, d, s, offset, kGuard) {}
+  Dev(Backend& b, DType d, const std::vector<float>& v, int offset = 0) : DeviceTensor(b, d, v, offset, kGuard) {}
 };
 
 bool same_value(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
 // Bit for bit: each element of `got` is want rounded to got's dtype (any NaN for a NaN).
 void expect_rounded(const std::string& what, const Dev& got, const std::vector<float>& want) {
-  const std::vector<float> g = got.get();
+  const std::vector<float> g = got.download();
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < g.size(); ++i)
     if (!same_value(g[i], round_to(want[i], got.t.dtype)) ||
@@ -184,19 +112,10 @@ void expect_near(const std::string& what, const std::vector<float>& got, const s
 
 // Within the half type's rounding of the F32 result (plus float slack).
 void expect_within_rounding(const std::string& what, const Dev& got, const std::vector<float>& want) {
-  expect_near(what, got.get(), want, rounding(got.t.dtype) + kFloatSlack, got.t.dtype == DType::F32 ? 0.0 : kHalfAbs);
+  expect_near(what, got.download(), want, rounding(got.t.dtype) + kFloatSlack, got.t.dtype == DType::F32 ? 0.0 : kHalfAbs);
 }
 
-class MixedOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    gpu_ = make_cuda_backend({});
-  }
-  Backend& gpu() { return *gpu_; }
-  std::unique_ptr<Backend> gpu_;
-};
+using MixedOps = test::GpuTest;
 
 // ---------------------------------------------------------------------------- memory
 
@@ -214,9 +133,9 @@ TEST_F(MixedOps, FillRoundsToNearestEvenAndStaysInBounds) {
           expect_rounded("fill" + at, x, std::vector<float>(size_t(n), value));
           if (t == DType::F32) continue;
           const std::vector<uint16_t> all = x.bits(true);
-          const uint16_t guard = half_bits(kNaN, t);
+          const uint16_t guard = kUnwrittenHalf;
           EXPECT_TRUE(std::all_of(all.begin(), all.begin() + offset, [&](uint16_t h) { return h == guard; }) &&
-                      std::all_of(all.end() - Dev::kGuard, all.end(), [&](uint16_t h) { return h == guard; }))
+                      std::all_of(all.end() - kGuard, all.end(), [&](uint16_t h) { return h == guard; }))
               << "fill wrote outside the tensor" << at;
         }
 }
@@ -251,7 +170,7 @@ TEST_F(MixedOps, CastRoundsToNearestEvenLikeTheHost) {
         }
         // Bits against hone's host conversions (any NaN for a NaN).
         const std::vector<uint16_t> all = dst.bits(true);
-        const uint16_t guard = half_bits(kNaN, t);
+        const uint16_t guard = kUnwrittenHalf;
         int64_t bad = 0, first = -1;
         for (int64_t i = 0; i < n; ++i) {
           const uint16_t got = all[size_t(offset + i)], want = half_bits(v[size_t(i)], t);
@@ -261,7 +180,7 @@ TEST_F(MixedOps, CastRoundsToNearestEvenLikeTheHost) {
         EXPECT_EQ(bad, 0) << "cast" << at << ": " << bad << " elements differ from the host's rounding; element "
                           << first << " (" << (first >= 0 ? v[size_t(first)] : 0) << ")";
         EXPECT_TRUE(std::all_of(all.begin(), all.begin() + offset, [&](uint16_t h) { return h == guard; }) &&
-                    std::all_of(all.end() - Dev::kGuard, all.end(), [&](uint16_t h) { return h == guard; }))
+                    std::all_of(all.end() - kGuard, all.end(), [&](uint16_t h) { return h == guard; }))
             << "cast wrote outside the tensor" << at;
       }
 }
@@ -309,7 +228,7 @@ TEST_F(MixedOps, ActivationsAndTanhAreTheF32ResultsRounded) {
           g.activation_backward(a, dy.t, x.t, dx.t);
           g.activation_backward(a, dy.t, x.t, dy.t);  // dx aliases dy
           const std::string at = fmt::format(" (activation {}, {}, n = {}, offset {})", int(a), name(t), n, offset);
-          const std::vector<float> want_y = y32.get(), want_dx = dx32.get();
+          const std::vector<float> want_y = y32.download(), want_dx = dx32.download();
           expect_within_rounding("y" + at, y, want_y);
           expect_within_rounding("dx" + at, dx, want_dx);
           expect_within_rounding("dx in place" + at, dy, want_dx);
@@ -319,12 +238,12 @@ TEST_F(MixedOps, ActivationsAndTanhAreTheF32ResultsRounded) {
         g.tanh_forward(x.t, y.t);
         g.tanh_forward(x32.t, y32.t);
         const std::string at = fmt::format(" ({}, n = {}, offset {})", name(t), n, offset);
-        expect_within_rounding("tanh" + at, y, y32.get());
+        expect_within_rounding("tanh" + at, y, y32.download());
         // Backward from the half forward's output, which F32 holds exactly.
-        Dev yh32(g, DType::F32, y.get()), dy32(g, DType::F32, dyv), dx32(g, DType::F32, Shape{n});
+        Dev yh32(g, DType::F32, y.download()), dy32(g, DType::F32, dyv), dx32(g, DType::F32, Shape{n});
         g.tanh_backward(dy.t, y.t, dx.t);
         g.tanh_backward(dy32.t, yh32.t, dx32.t);
-        expect_within_rounding("tanh dx" + at, dx, dx32.get());
+        expect_within_rounding("tanh dx" + at, dx, dx32.download());
       }
 }
 
@@ -342,7 +261,7 @@ TEST_F(MixedOps, DropoutMasksEqualF32AlsoWhenAliased) {
           Dev y32(g, DType::F32, Shape{n}), out32(g, DType::F32, Shape{n});
           g.dropout(x32.t, d, y32.t);
           g.dropout_add(x32.t, r32.t, d, out32.t);
-          const std::vector<float> want_y = y32.get(), want_out = out32.get();
+          const std::vector<float> want_y = y32.download(), want_out = out32.download();
 
           Dev x(g, t, xv, offset), r(g, t, rv, offset), y(g, t, Shape{n}, offset), out(g, t, Shape{n}, offset);
           Dev xa(g, t, xv, offset), xb(g, t, xv, offset), ra(g, t, rv, offset);
@@ -354,7 +273,7 @@ TEST_F(MixedOps, DropoutMasksEqualF32AlsoWhenAliased) {
           const std::string at = fmt::format(" ({}, n = {}, offset {}, p = {})", name(t), n, offset, p);
           // The same zeros, and every kept element the F32 result rounded: the same mask
           // and the same scaling (x * scale, then + residual, in F32).
-          const std::vector<float> got_y = y.get();
+          const std::vector<float> got_y = y.download();
           int64_t zeros = 0, mismatched = 0;
           for (int64_t i = 0; i < n; ++i) {
             zeros += want_y[size_t(i)] == 0.0f;
@@ -396,11 +315,11 @@ TEST_F(MixedOps, EmbeddingForwardGatherScatterRoundOrMoveBits) {
       const std::vector<float> tv = rounded(uniform(2 * H, 5), t), hv = rounded(uniform(T * H, 6), t);
       const std::vector<float> fv = rounded(uniform(c.batch * H, 10), t);
       Dev ids(g, DType::I32, Shape{T}), types(g, DType::I32, Shape{T});
-      ids.set_ints(idv);
-      types.set_ints(typev);
+      ids.upload_bytes(idv.data());
+      types.upload_bytes(typev.data());
       auto table = [&](DType d, const std::vector<float>& v, int64_t rows) {
         auto x = std::make_unique<Dev>(g, d, Shape{rows, H});
-        x->set(v);
+        x->upload(v);
         return x;
       };
       // Out = word + pos + type, summed in F32 in the same order, rounded once.
@@ -412,7 +331,7 @@ TEST_F(MixedOps, EmbeddingForwardGatherScatterRoundOrMoveBits) {
       Dev out(g, t, Shape{T, H});
       g.embedding_forward(ids.t, types.t, w->t, p->t, ty->t, c.seq, out.t);
       const std::string at = fmt::format(" ({}, B={} S={} hidden={})", name(t), c.batch, c.seq, H);
-      expect_rounded("embedding out" + at, out, out32.get());
+      expect_rounded("embedding out" + at, out, out32.download());
 
       // Gather and scatter: the [CLS] rows, and zeros elsewhere, exactly.
       auto hidden = table(t, hv, T), dfirst = table(t, fv, c.batch);
@@ -440,14 +359,14 @@ TEST_F(MixedOps, EmbeddingBackwardAccumulatesHalfGradientsIntoF32) {
       // The gradients already hold values (accumulation): the result adds onto them.
       const std::vector<float> wv = uniform(c.vocab * H, 7), pv = uniform(c.positions * H, 8), tv = uniform(2 * H, 9);
       Dev ids(g, DType::I32, Shape{T}), types(g, DType::I32, Shape{T}), dout(g, t, Shape{T, H});
-      ids.set_ints(idv);
-      types.set_ints(typev);
-      dout.set(doutv);
+      ids.upload_bytes(idv.data());
+      types.upload_bytes(typev.data());
+      dout.upload(doutv);
       Dev dword(g, DType::F32, Shape{c.vocab, H}), dpos(g, DType::F32, Shape{c.positions, H});
       Dev dtype(g, DType::F32, Shape{2, H});
-      dword.set(wv);
-      dpos.set(pv);
-      dtype.set(tv);
+      dword.upload(wv);
+      dpos.upload(pv);
+      dtype.upload(tv);
       g.embedding_backward(dout.t, ids.t, types.t, c.seq, dword.t, dpos.t, dtype.t);
       // The reference in double on the host.
       std::vector<double> rw(wv.begin(), wv.end()), rp(pv.begin(), pv.end()), rt(tv.begin(), tv.end());
@@ -464,7 +383,7 @@ TEST_F(MixedOps, EmbeddingBackwardAccumulatesHalfGradientsIntoF32) {
         const std::vector<float> w(want.begin(), want.end());
         double scale = 0;
         for (float v : w) scale = std::max(scale, std::fabs(double(v)));
-        expect_near(what + fmt::format(" ({}, B={} S={} hidden={})", name(t), c.batch, c.seq, H), got.get(), w, 0.0,
+        expect_near(what + fmt::format(" ({}, B={} S={} hidden={})", name(t), c.batch, c.seq, H), got.download(), w, 0.0,
                     1e-5 * scale);
       };
       check("dword", dword, rw);
@@ -491,18 +410,18 @@ TEST_F(MixedOps, CrossEntropyInHalvesAndLossScale) {
       const std::vector<float> xv = rounded(uniform(int64_t(c.rows) * c.classes, 2, -2.0f, 2.0f), t);
       const Shape shape{c.rows, c.classes};
       Dev labels(g, DType::I32, Shape{c.rows});
-      labels.set_ints(labelv);
+      labels.upload_bytes(labelv.data());
       Dev x32(g, DType::F32, shape), loss32(g, DType::F32, Shape{1}), dx32(g, DType::F32, shape);
-      x32.set(xv);
+      x32.upload(xv);
       g.cross_entropy(x32.t, labels.t, 0.5f, nullptr, loss32.t, dx32.t);
-      const std::vector<float> want_loss = loss32.get(), want_dx = dx32.get();
+      const std::vector<float> want_loss = loss32.download(), want_dx = dx32.download();
       const std::string at = fmt::format(" ({}, {} x {}, {} ignored)", name(t), c.rows, c.classes, c.ignored.size());
 
       Dev x(g, t, shape), loss(g, DType::F32, Shape{1}), dx(g, t, shape);
-      x.set(xv);
+      x.upload(xv);
       g.cross_entropy(x.t, labels.t, 0.5f, nullptr, loss.t, dx.t);
       // The same inputs in the same double arithmetic: the same F32 loss.
-      expect_near("loss" + at, loss.get(), want_loss, 1e-6, 0.0);
+      expect_near("loss" + at, loss.download(), want_loss, 1e-6, 0.0);
       expect_within_rounding("dlogits" + at, dx, want_dx);
 
       for (float s : kLossScales) {
@@ -511,7 +430,7 @@ TEST_F(MixedOps, CrossEntropyInHalvesAndLossScale) {
         std::vector<float> want_scaled = want_dx;
         for (float& v : want_scaled) v *= s;
         const std::string sat = at + fmt::format(" loss scale {}", s);
-        expect_near("loss" + sat, loss.get(), want_loss, 1e-6, 0.0);  // the loss is not scaled
+        expect_near("loss" + sat, loss.download(), want_loss, 1e-6, 0.0);  // the loss is not scaled
         expect_within_rounding("scaled dlogits" + sat, dx, want_scaled);
       }
     }
@@ -525,15 +444,15 @@ TEST_F(MixedOps, MseInHalvesAndLossScale) {
       const std::vector<float> pv = rounded(uniform(n, 1), t), target = uniform(n, 2);
       Dev tg(g, DType::F32, target);
       Dev p32(g, DType::F32, shape), loss32(g, DType::F32, Shape{1}), dp32(g, DType::F32, shape);
-      p32.set(pv);
+      p32.upload(pv);
       g.mse(p32.t, tg.t, 2.0f, nullptr, loss32.t, dp32.t);
-      const std::vector<float> want_loss = loss32.get(), want_dp = dp32.get();
+      const std::vector<float> want_loss = loss32.download(), want_dp = dp32.download();
       const std::string at = fmt::format(" ({}, {})", name(t), shape.str());
 
       Dev p(g, t, shape), loss(g, DType::F32, Shape{1}), dp(g, t, shape);
-      p.set(pv);
+      p.upload(pv);
       g.mse(p.t, tg.t, 2.0f, nullptr, loss.t, dp.t);
-      expect_near("loss" + at, loss.get(), want_loss, 1e-6, 0.0);
+      expect_near("loss" + at, loss.download(), want_loss, 1e-6, 0.0);
       expect_within_rounding("dpred" + at, dp, want_dp);
 
       for (float s : kLossScales) {
@@ -542,7 +461,7 @@ TEST_F(MixedOps, MseInHalvesAndLossScale) {
         std::vector<float> want_scaled = want_dp;
         for (float& v : want_scaled) v *= s;
         const std::string sat = at + fmt::format(" loss scale {}", s);
-        expect_near("loss" + sat, loss.get(), want_loss, 1e-6, 0.0);
+        expect_near("loss" + sat, loss.download(), want_loss, 1e-6, 0.0);
         expect_within_rounding("scaled dpred" + sat, dp, want_scaled);
       }
     }

@@ -251,7 +251,6 @@ TEST(MixedPrecision, Fp16CheckpointKeepsTheLossScaler) {
   Fp16Run f;
   TrainingRun& run = *f.run;
   const BertConfig& c = f.config;
-  const std::vector<float>& w = f.weights;
   run.set_scaler_state({1024.0, 7, 3});
   test::TempDir tmp;
   const std::string dir = tmp.path + "/checkpoint-5";

@@ -19,11 +19,14 @@
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
 #include "hone/ops.h"
+#include "device_tensor.h"
 #include "test_util.h"
 
 namespace hone {
 namespace {
 
+using test::clone;
+using test::DeviceTensor;
 using test::HostTensor;
 using test::filled;
 using test::random;
@@ -33,10 +36,6 @@ constexpr double kFp32Tol = 1e-5;
 constexpr double kTf32Tol = 1e-3;
 // Element-wise sizes: one element, less than a vector, odd, and past a million with a tail.
 constexpr int64_t kSizes[] = {1, 7, 1001, (1 << 20) + 3};
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // Outputs that an op overwrites start as NaN on both sides, so an element the GPU never
 // writes fails the comparison.
@@ -50,42 +49,7 @@ HostTensor random_ints(Shape s, uint64_t seed, int lo, int hi) {
   return h;
 }
 
-HostTensor clone(const HostTensor& h) {
-  HostTensor c(h.t.dtype, h.t.shape);
-  c.storage = h.storage;
-  return c;
-}
 
-// Device memory from the backend's allocator holding a copy of a host tensor. Transfers
-// go through the runtime directly, so that the ops under test are not also the harness.
-struct DeviceTensor {
-  Backend& be;
-  Tensor t;
-
-  DeviceTensor(Backend& backend, const HostTensor& h) : be(backend), t(h.t) {
-    t.device = Device::CUDA;
-    t.data = be.allocate(std::max<size_t>(h.t.bytes(), 1));
-    upload(h);
-  }
-  ~DeviceTensor() { be.deallocate(t.data); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-
-  // The device synchronizations order these copies (legacy default stream) with the
-  // backend's own non-blocking stream: a pageable upload may still be in flight when
-  // cudaMemcpy returns.
-  void upload(const HostTensor& h) {
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(t.data, h.t.data, h.t.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  std::vector<float> download() const {
-    std::vector<float> v(size_t(t.numel()));
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    cuda_ok(cudaMemcpy(v.data(), t.data, v.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-    return v;
-  }
-};
 
 enum Side { kCpu, kGpu };
 
@@ -100,23 +64,9 @@ struct Both {
   void reset() { gpu.upload(init); }
 };
 
-// The device result against the CPU's: the norm-wise relative error, and the largest
-// element error relative to the largest reference magnitude, both within tol.
+// The device result against the CPU's (test::expect_close on the two sides).
 void expect_close(const std::string& what, const Both& x, double tol) {
-  const std::vector<float> got = x.gpu.download();
-  const float* want = x.cpu.t.f32();
-  const int64_t n = x.cpu.n();
-  double scale = 0, worst = 0;
-  int64_t worst_i = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    scale = std::max(scale, std::fabs(double(want[i])));
-    double err = std::fabs(double(got[size_t(i)]) - want[i]);
-    if (std::isnan(err)) err = INFINITY;  // no error is worse
-    if (err > worst) worst = err, worst_i = i;
-  }
-  EXPECT_LE(test::norm_rel_error(got.data(), want, n), tol) << what;
-  EXPECT_LE(worst, tol * scale) << what << ": element " << worst_i << " is " << got[size_t(worst_i)]
-                                << " on the GPU, " << want[worst_i] << " on the CPU (largest |value| " << scale << ")";
+  test::expect_close(what, x.gpu.download(), x.cpu, tol);
 }
 
 // Each element within 1e-6 of the CPU's, relative to max(1, |value|): results that must
@@ -135,19 +85,12 @@ struct GpuRun {
   std::string name;
 };
 
-class GpuOps : public ::testing::Test {
+class GpuOps : public test::GpuTest {
  protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-    gpu_ = make_cuda_backend({});
-  }
-  Backend& gpu() { return *gpu_; }
   // Where each op runs in turn: the CPU reference, then the GPU.
   std::vector<std::pair<Backend*, Side>> sides() { return {{&cpu, kCpu}, {gpu_.get(), kGpu}}; }
 
   CpuBackend cpu;
-  std::unique_ptr<Backend> gpu_;
 };
 
 // ---------------------------------------------------------------------------- memory
@@ -479,7 +422,7 @@ TEST_F(GpuOps, TensorListOptimizerMatchesCpu) {
     std::vector<AdamWSlice> slices;
     std::vector<Tensor> grads;
     for (int t = 0; t < count; ++t) {
-      slices.push_back({p[size_t(t)][s], grad[size_t(t)][s], m[size_t(t)][s], v[size_t(t)][s], t % 2 ? 0.0 : 0.1});
+      slices.push_back({p[size_t(t)][s], grad[size_t(t)][s], m[size_t(t)][s], v[size_t(t)][s], t % 2 ? 0.0 : 0.1, Tensor{}});
       grads.push_back(grad[size_t(t)][s]);
     }
     ops::sum_squares(*be, grads.data(), count, sumsq[s]);
