@@ -49,6 +49,9 @@ class DeviceTensor {
     const size_t bytes = std::max<size_t>(size_t(elements_) * dtype_size(d), 1);
     base_ = be_.allocate(bytes);
     cuda_ok(cudaMemset(base_, 0xff, bytes), "cudaMemset");
+    // The memset is asynchronous on the legacy stream: it must land before an op on the
+    // backend's own stream writes the tensor.
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     t = Tensor{static_cast<char*>(base_) + size_t(offset) * dtype_size(d), d, s, Device::CUDA};
   }
   // A copy of a host tensor, in its dtype.
