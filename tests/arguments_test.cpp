@@ -161,6 +161,7 @@ TEST(Arguments, InvalidValuesNameTheFlag) {
       {{"--optim", "adafactor"}, "--optim"},
       {{"--device", "tpu"}, "--device"},
       {{"--dataset", "foo"}, "--dataset"},
+      {{"--bf16", "--fp16"}, "--fp16"},
   };
   for (const auto& [argv, flag] : cases) {
     const std::string message = parse_error(argv);

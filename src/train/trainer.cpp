@@ -232,7 +232,6 @@ BatchTensors TrainingRun::upload(BufferSource& mem, const int32_t* ids, const in
   if (with_labels)
     b.labels = mem.take(Category::Activations, "labels", -1, regression ? DType::F32 : DType::I32, {batch});
   if (be_.dry_run) return b;
-  validate_batch(ids, mask, types, labels, batch, seq);
   auto host = host_tensor;
   ops::copy(be_, host(ids, DType::I32, {T}), b.input_ids);
   ops::copy(be_, host(mask, DType::I32, {batch, seq}), b.attention_mask);
@@ -254,6 +253,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   HONE_CHECK(seq >= 1 && seq <= seq_, "sequences of {} tokens in a run planned for {}", seq, seq_);
   // Step-scoped gradients live until the optimizer step: both run in one phase.
   HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
+  // Before the phase opens, so that a refused batch leaves the run usable.
+  if (!be_.dry_run) validate_batch(ids, mask, types, labels, batch, seq);
   mem.begin_phase(Phase::MicroStep);
   be_.mark(StepSpan::Forward);
   BatchTensors b = upload(mem, ids, mask, types, labels, true, batch, seq);
@@ -275,6 +276,7 @@ void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t
              batch, phases_.infer_batch);
   HONE_CHECK(seq >= 1 && seq <= seq_, "sequences of {} tokens in a run planned for {}", seq, seq_);
   HONE_CHECK(!step_open_, "inference between a micro_step and its optimizer_step");
+  if (!be_.dry_run) validate_batch(ids, mask, types, nullptr, batch, seq);
   mem.begin_phase(Phase::Inference);
   BatchTensors b = upload(mem, ids, mask, types, nullptr, false, batch, seq);
   model_->forward(be_, mem, b, out);
