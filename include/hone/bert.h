@@ -83,6 +83,7 @@ class BertForSequenceClassification {
   Tensor& weights() { return weights_; }  // the F32 parameters
   // What forward and backward read: the parameters, or their half-precision copy.
   const Tensor& compute_weights() const { return mixed() ? half_weights_ : weights_; }
+  Tensor& compute_weights() { return mixed() ? half_weights_ : weights_; }
   DType compute_dtype() const { return compute_; }
   bool mixed() const { return compute_ != DType::F32; }
   // The gradients of parameter group k (valid from its backward to the optimizer step

@@ -4,9 +4,10 @@
 //   y^T  = w x^T + b    (forward; the bias epilogue adds b to every column)
 //   dx^T = w^T dy^T
 //   dw^T += x^T dy
-// db += column sums of dy is a kernel of its own: the BGRADB epilogue, which overwrites,
-// would need a scratch and an add, and measured slower (it steers cuBLASLt to slower
-// kernels: +8 to +21 us a product at bert-large shapes on TF32) than a separate pass.
+// db += column sums of dy is a product of its own with a vector of ones in half precision,
+// and a column-sum kernel in F32: the BGRADB epilogue, which overwrites, would need a
+// scratch and an add, and measured slower (it steers cuBLASLt to slower kernels: +8 to
+// +21 us a product at bert-large shapes on TF32) than a separate pass.
 // Under BF16/F16 x, w, y, dy and dx are in the compute dtype and the products accumulate
 // in F32; dw and db stay F32 (the weight-gradient product reads half A/B and adds into an
 // F32 D).

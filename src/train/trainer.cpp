@@ -167,7 +167,7 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
 
 void TrainingRun::write_weights(const float* host) {
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
-  if (model_->mixed()) ops::cast(be_, model_->weights(), const_cast<Tensor&>(model_->compute_weights()));
+  if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
   be_.synchronize();
 }
 
