@@ -417,6 +417,30 @@ TEST(OpsElementwise, DropoutFollowsPhiloxMaskAndMayAlias) {
   }
 }
 
+// A step counter in memory gives the masks of the stream composed on the host, and the
+// op reads the counter when it runs (what a replayed CUDA graph relies on).
+TEST(OpsElementwise, DropoutReadsItsStepCounterWhenItRuns) {
+  CpuBackend be;
+  const int n = 4099;
+  int64_t counter = (int64_t(1) << 40) + 3;
+  const DropoutSpec by_counter{0.3f, 77, 5, &counter};
+  HostTensor x = random({n}, 1, 0.5f, 1.5f), a(DType::F32, {n}), b(DType::F32, {n});
+  for (int round = 0; round < 2; ++round, ++counter) {
+    const DropoutSpec composed{0.3f, 77, (uint64_t(counter) << kDropoutSiteBits) | 5};
+    ops::dropout(be, x.t, by_counter, a.t);
+    ops::dropout(be, x.t, composed, b.t);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(a.f()[i], b.f()[i]) << "round " << round << ", element " << i;
+  }
+  HostTensor first(DType::F32, {n});
+  --counter;
+  ops::dropout(be, x.t, by_counter, first.t);
+  ++counter;
+  ops::dropout(be, x.t, by_counter, a.t);
+  int differ = 0;
+  for (int i = 0; i < n; ++i) differ += a.f()[i] != first.f()[i];
+  EXPECT_GT(differ, n / 10) << "a new counter value must draw a new mask";
+}
+
 TEST(OpsElementwise, DropoutOfZeroIsIdentity) {
   CpuBackend be;
   HostTensor x = random({9}, 1), res = random({9}, 2), y = filled({9}, 0.0f), out(DType::F32, {9});

@@ -18,19 +18,29 @@
 #include <cstdint>
 #include <string>
 
+#include "hone/philox.h"
 #include "hone/tensor.h"
 
 namespace hone {
 
 enum class Activation : uint8_t { Gelu, GeluTanh, Relu };
 
-// Dropout of one call site: element i is kept iff dropout_keep(seed, stream, i, p),
-// and kept elements are scaled by 1 / (1 - p). p == 0 is the identity.
+// Dropout of one call site: element i is kept iff dropout_keep(seed, dropout_stream(d), i,
+// p), and kept elements are scaled by 1 / (1 - p). p == 0 is the identity.
 struct DropoutSpec {
   float p = 0.0f;
   uint64_t seed = 0;
   uint64_t stream = 0;
+  // When set, a counter in the backend's memory (the micro-step): the stream is then
+  // (*step << kDropoutSiteBits) | stream, read when the op runs, so that a replayed CUDA
+  // graph draws the masks of the step it replays.
+  const int64_t* step = nullptr;
 };
+constexpr int kDropoutSiteBits = 12;  // call sites per step
+
+HONE_HD uint64_t dropout_stream(const DropoutSpec& d) {
+  return d.step ? (uint64_t(*d.step) << kDropoutSiteBits) | d.stream : d.stream;
+}
 
 struct AttentionDims {
   int batch = 0, seq = 0, heads = 0, head_dim = 0;

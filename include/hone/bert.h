@@ -59,6 +59,9 @@ struct DropoutState {
   uint64_t seed = 0;
   uint64_t step = 0;
   bool training = true;  // false: dropout is off (inference, golden tests)
+  // When set, the step is read from this counter in the backend's memory instead (see
+  // DropoutSpec::step): the masks are the same, and a recorded step can be replayed.
+  const int64_t* step_counter = nullptr;
 };
 
 // Host destinations of an inference pass; each may be null.

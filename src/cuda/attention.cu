@@ -27,8 +27,16 @@ namespace {
 
 constexpr int kGroups = 4;  // runs of W columns per thread: 512 columns fit one warp with W = 4
 
+// d with its stream resolved (dropout_stream), read once per thread rather than per draw.
+__device__ __forceinline__ DropoutSpec resolved(DropoutSpec d) {
+  d.stream = dropout_stream(d);
+  d.step = nullptr;
+  return d;
+}
+
 // Dropout bits of columns [idx, idx + W) of the flat probs index; with W = 4 idx is a
 // multiple of 4, so one Philox block gives all four (the same words as dropout_keep).
+// d is resolved.
 template <int W>
 __device__ __forceinline__ void keep_bits(DropoutSpec d, uint64_t idx, bool (&keep)[W]) {
   if constexpr (W == 4) {
@@ -48,6 +56,7 @@ template <int W>
 __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
                                        float* __restrict__ stats, bool dropping, int64_t rows, int S,
                                        int rows_per_seq, DropoutSpec drop, float keep_scale) {
+  drop = resolved(drop);
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
   float* p = probs + row * S;
@@ -108,6 +117,7 @@ __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restric
                                         const float* __restrict__ stats, float* __restrict__ grad,
                                         bool dropping, int64_t rows, int S, int rows_per_seq,
                                         DropoutSpec drop, float keep_scale) {
+  drop = resolved(drop);
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;
   float* p = probs + row * S;
@@ -206,8 +216,8 @@ FusedScratch fused_scratch(const AttentionDims& d) {
 
 // cuDNN's Philox seed for one call site: forward and backward of a site agree (same spec),
 // sites and steps differ (their (seed, stream) pairs differ).
-int64_t philox_seed(const DropoutSpec& drop) {
-  uint64_t z = drop.seed ^ (drop.stream * 0x9E3779B97F4A7C15ull);  // splitmix64
+__device__ int64_t philox_seed(const DropoutSpec& drop) {
+  uint64_t z = drop.seed ^ (dropout_stream(drop) * 0x9E3779B97F4A7C15ull);  // splitmix64
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -218,9 +228,9 @@ int64_t philox_seed(const DropoutSpec& drop) {
 // padded queries still attend to the valid keys) and seq_kv[b] = the ones of mask row b
 // (keys past it get probability 0: right padding). A row without any one gets S, so that
 // it stays finite (Hugging Face makes such a row uniform; it has no valid token anyway).
-// Block 0 also writes the Philox seed and offset (0).
+// Block 0 also writes the Philox seed of `drop` and the offset (0).
 __global__ void fused_lengths_kernel(const int32_t* __restrict__ mask, int S, int32_t* __restrict__ seq_q,
-                                     int32_t* __restrict__ seq_kv, int64_t* __restrict__ rng, int64_t seed) {
+                                     int32_t* __restrict__ seq_kv, int64_t* __restrict__ rng, DropoutSpec drop) {
   __shared__ int scratch[32];
   const int b = blockIdx.x;
   int ones = 0;
@@ -229,7 +239,7 @@ __global__ void fused_lengths_kernel(const int32_t* __restrict__ mask, int S, in
   if (threadIdx.x == 0) {
     seq_q[b] = S;
     seq_kv[b] = ones > 0 ? ones : S;
-    if (b == 0) rng[0] = seed, rng[2] = 0;  // 16 bytes apart: each tensor is 16-byte aligned
+    if (b == 0) rng[0] = philox_seed(drop), rng[2] = 0;  // 16 bytes apart: each tensor is 16-byte aligned
   }
 }
 
@@ -286,7 +296,7 @@ FusedCall fused_call(const Tensor& qkv, const Tensor& mask, const Tensor& stats,
 void launch_fused_lengths(cudaStream_t stream, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                           const FusedCall& c) {
   fused_lengths_kernel<<<d.batch, cuda::kThreads, 0, stream>>>(mask.ptr<int32_t>(), d.seq, c.seq_q, c.seq_kv, c.rng,
-                                                                philox_seed(drop));
+                                                                drop);
   HONE_CUDA_LAUNCH_CHECK();
 }
 

@@ -108,9 +108,11 @@ __global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, bool ve
 // __fmul_rn keeps x * scale from fusing with the add, so the sums round exactly as on
 // the CPU (and a half result is the F32 result rounded).
 template <typename T>
-__global__ void dropout_kernel(const T* x, const T* residual, T* out, int64_t n, bool vec, float p, float scale,
-                               uint64_t seed, uint64_t stream) {
+__global__ void dropout_kernel(const T* x, const T* residual, T* out, int64_t n, bool vec, float scale,
+                               DropoutSpec d) {
   constexpr int V = cuda::kVec<T>;
+  const float p = d.p;
+  const uint64_t seed = d.seed, stream = dropout_stream(d);
   const int64_t groups = groups_of<T>(n);
   for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
     float a[V];
@@ -175,8 +177,7 @@ void launch_dropout(cudaStream_t s, const Tensor& x, const Tensor* residual, con
     T* op = out.ptr<T>();
     const bool vec = cuda::aligned16(xp) && cuda::aligned16(rp) && cuda::aligned16(op);
     const float scale = 1.0f / (1.0f - d.p);  // inf at p == 1, where nothing is kept and it is never used
-    dropout_kernel<<<cuda::blocks_for(groups_of<T>(n)), cuda::kThreads, 0, s>>>(xp, rp, op, n, vec, d.p, scale,
-                                                                                   d.seed, d.stream);
+    dropout_kernel<<<cuda::blocks_for(groups_of<T>(n)), cuda::kThreads, 0, s>>>(xp, rp, op, n, vec, scale, d);
     HONE_CUDA_LAUNCH_CHECK();
   });
 }

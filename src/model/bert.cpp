@@ -73,7 +73,7 @@ const ParamEntry& ParamLayout::at(const std::string& name) const {
 
 BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c)
     : cfg_(c), regression_(c.resolved_problem_type() == "regression"), layout_(c) {
-  HONE_CHECK(3 * c.num_hidden_layers + 2 < 4096, "too many layers for the dropout stream layout");
+  HONE_CHECK(3 * c.num_hidden_layers + 2 < (1 << kDropoutSiteBits), "too many layers for the dropout stream layout");
   auto e = [&](const std::string& n) { return &layout_.at(n); };
   auto linear = [&](const std::string& p) { return Linear{e(p + ".weight"), e(p + ".bias")}; };
   auto norm = [&](const std::string& p) { return Norm{e(p + ".weight"), e(p + ".bias")}; };
@@ -150,7 +150,9 @@ double BertForSequenceClassification::training_flops(int batch, int seq) const {
 }
 
 DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float p, int site) const {
-  return {d.training ? p : 0.0f, d.seed, (d.step << 12) | uint64_t(site)};
+  if (!d.training) return {0.0f, d.seed, 0, nullptr};
+  if (d.step_counter) return {p, d.seed, uint64_t(site), d.step_counter};
+  return {p, d.seed, (d.step << kDropoutSiteBits) | uint64_t(site), nullptr};
 }
 
 BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(

@@ -44,7 +44,7 @@ inline void for_each_keep(const DropoutSpec& d, uint64_t begin, int64_t n, F&& f
   const uint64_t end = begin + uint64_t(n);
   uint64_t i = begin;
   while (i < end) {
-    const Philox4 r = philox_block(d.seed, d.stream, i >> 2);
+    const Philox4 r = philox_block(d.seed, dropout_stream(d), i >> 2);
     for (uint64_t w = i & 3; w < 4 && i < end; ++w, ++i) f(int64_t(i - begin), uniform_from_word(r.v[w]) >= d.p);
   }
 }

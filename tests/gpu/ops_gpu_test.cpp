@@ -299,6 +299,27 @@ TEST_F(GpuOps, DropoutMasksEqualCpuAlsoWhenAliased) {
   }
 }
 
+// The step counter is read from device memory by the dropout and fused-lengths kernels:
+// the masks equal the CPU's with the stream composed on the host.
+TEST_F(GpuOps, DropoutReadsTheStepCounterFromDeviceMemory) {
+  Backend& g = gpu();
+  const int64_t n = 4099;
+  const int64_t counter = (int64_t(1) << 40) + 3;
+  HostTensor c(DType::I64, {1});
+  c.t.ptr<int64_t>()[0] = counter;
+  DeviceTensor device_counter(g, c);
+  const DropoutSpec on_gpu{0.2f, 0x9E3779B97F4A7C15ull, 7, device_counter.t.ptr<int64_t>()};
+  const DropoutSpec on_cpu{0.2f, 0x9E3779B97F4A7C15ull, (uint64_t(counter) << kDropoutSiteBits) | 7};
+  Both x(g, random({n}, 1, 0.5f, 1.5f)), res(g, random({n}, 2)), y(g, nans({n})), out(g, nans({n}));
+  for (auto [be, s] : sides()) {
+    const DropoutSpec& d = s == kCpu ? on_cpu : on_gpu;
+    ops::dropout(*be, x[s], d, y[s]);
+    ops::dropout_add(*be, x[s], res[s], d, out[s]);
+  }
+  expect_same("dropout with a device step counter", y);
+  expect_same("dropout_add with a device step counter", out);
+}
+
 // ---------------------------------------------------------------------------- embedding
 
 TEST_F(GpuOps, EmbeddingGatherScatterMatchCpu) {
