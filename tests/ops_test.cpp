@@ -18,6 +18,7 @@
 namespace hone {
 namespace {
 
+using test::clone;
 using test::HostTensor;
 using test::filled;
 using test::random;
@@ -326,6 +327,99 @@ TEST(OpsLayerNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   expect_grad("dx", dx.f(), numeric_grad(x, loss));
   expect_grad("dgamma", dg.f(), numeric_grad(g, loss), 1e-2, dg0.f());
   expect_grad("dbeta", db.f(), numeric_grad(b, loss), 1e-2, db0.f());
+}
+
+// Every element of got has the bits of want's (a NaN's included).
+void expect_same_bits(const std::string& what, const HostTensor& got, const HostTensor& want) {
+  ASSERT_TRUE(got.t.dtype == DType::F32 && got.t.shape == want.t.shape) << what;
+  const auto* g = static_cast<const uint32_t*>(got.t.data);
+  const auto* w = static_cast<const uint32_t*>(want.t.data);
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < want.n(); ++i)
+    if (g[i] != w[i] && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements differ, the first at " << first;
+}
+
+// The fused residual LayerNorm ops are the composition of the unfused ones, bit for bit:
+// with separate outputs and in place as BERT calls them (sum over x, dx over dy), at
+// widths that are not multiples of four, that are and are not powers of two, with and
+// without dropout, and with the stream read from a step counter.
+TEST(OpsLayerNorm, FusedResidualOpsEqualTheUnfusedOpsBitForBit) {
+  CpuBackend be;
+  const int R = 5;
+  const float eps = 1e-12f;
+  int64_t step = 41;
+  for (int C : {11, 1000, 1024})
+    for (const DropoutSpec& d : {DropoutSpec{}, DropoutSpec{0.1f, 99, 7}, DropoutSpec{0.1f, 99, 7, &step}}) {
+      const std::string at = "C = " + std::to_string(C) + ", p = " + std::to_string(d.p) +
+                             (d.step ? " from a step counter" : "");
+      HostTensor x = random({R, C}, 1), res = random({R, C}, 2, -1.0f, 3.0f), dy = random({R, C}, 5);
+      HostTensor g = random({C}, 3, 0.5f, 1.5f), b = random({C}, 4);
+      HostTensor sum(DType::F32, {R, C}), y(DType::F32, {R, C}), mean(DType::F32, {R}), rstd(DType::F32, {R});
+      HostTensor dsum(DType::F32, {R, C}), dx(DType::F32, {R, C}), dg = random({C}, 6), db = random({C}, 7);
+      ops::dropout_add(be, x.t, res.t, d, sum.t);
+      ops::layernorm_forward(be, sum.t, g.t, b.t, eps, y.t, mean.t, rstd.t);
+      ops::layernorm_backward(be, dy.t, sum.t, g.t, mean.t, rstd.t, dsum.t, dg.t, db.t);
+      ops::dropout(be, dsum.t, d, dx.t);
+      int dropped = 0;
+      for (int64_t i = 0; i < dx.n(); ++i) dropped += dx.f()[i] == 0.0f && dsum.f()[i] != 0.0f;
+      EXPECT_EQ(dropped > 0, d.p > 0) << at;
+
+      for (bool in_place : {false, true}) {
+        const std::string how = at + (in_place ? ", in place" : ", separate outputs");
+        HostTensor fx = clone(x), fdy = clone(dy), own_sum(DType::F32, {R, C}), own_dx(DType::F32, {R, C});
+        HostTensor fy(DType::F32, {R, C}), fmean(DType::F32, {R}), frstd(DType::F32, {R});
+        HostTensor fdsum(DType::F32, {R, C}), fdg = random({C}, 6), fdb = random({C}, 7);
+        HostTensor& fsum = in_place ? fx : own_sum;
+        HostTensor& fdx = in_place ? fdy : own_dx;
+        ops::dropout_add_layernorm_forward(be, fx.t, res.t, d, g.t, b.t, eps, fsum.t, fy.t, fmean.t, frstd.t);
+        ops::layernorm_dropout_backward(be, fdy.t, fsum.t, g.t, fmean.t, frstd.t, d, fdsum.t, fdx.t, fdg.t, fdb.t);
+        expect_same_bits("sum, " + how, fsum, sum);
+        expect_same_bits("y, " + how, fy, y);
+        expect_same_bits("mean, " + how, fmean, mean);
+        expect_same_bits("rstd, " + how, frstd, rstd);
+        expect_same_bits("dsum, " + how, fdsum, dsum);
+        expect_same_bits("dx, " + how, fdx, dx);
+        expect_same_bits("dgamma, " + how, fdg, dg);
+        expect_same_bits("dbeta, " + how, fdb, db);
+      }
+    }
+}
+
+TEST(OpsLayerNorm, FusedResidualWrappersCheckShapesAndAliasing) {
+  CpuBackend be;
+  const int R = 3, C = 4;
+  HostTensor x = random({R, C}, 1), res = random({R, C}, 2), g = random({C}, 3), b = random({C}, 4);
+  HostTensor sum(DType::F32, {R, C}), y(DType::F32, {R, C}), mean(DType::F32, {R}), rstd(DType::F32, {R});
+  auto forward = [&](const Tensor& xt, const Tensor& rt, const DropoutSpec& d, Tensor& st, Tensor& yt) {
+    return error_of([&] { ops::dropout_add_layernorm_forward(be, xt, rt, d, g.t, b.t, 1e-5f, st, yt, mean.t, rstd.t); });
+  };
+  HostTensor wide = random({R, C + 1}, 5), two_rows_apart = random({R + 1, C}, 6);
+  Tensor head = two_rows_apart.t.rows(0, R), tail = two_rows_apart.t.rows(1, R + 1);
+  EXPECT_EQ(forward(x.t, wide.t, {}, sum.t, y.t),
+            "dropout_add_layernorm_forward: residual has shape [3, 5], expected [3, 4]");
+  EXPECT_EQ(forward(x.t, res.t, {1.5f}, sum.t, y.t),
+            "dropout_add_layernorm_forward: dropout probability 1.5 is outside [0, 1]");
+  EXPECT_EQ(forward(x.t, res.t, {}, res.t, y.t),
+            "dropout_add_layernorm_forward: sum shares memory with the input residual");
+  EXPECT_EQ(forward(head, res.t, {}, tail, y.t),
+            "dropout_add_layernorm_forward: sum overlaps x without being it (it may only be x itself)");
+  EXPECT_EQ(forward(x.t, res.t, {}, sum.t, x.t), "dropout_add_layernorm_forward: y shares memory with the input x");
+  EXPECT_EQ(forward(x.t, res.t, {}, sum.t, sum.t), "dropout_add_layernorm_forward: outputs sum and y share memory");
+  EXPECT_EQ(forward(x.t, res.t, {}, x.t, y.t), "(no error)");
+
+  HostTensor dy = random({R, C}, 7), dsum(DType::F32, {R, C}), dx(DType::F32, {R, C});
+  HostTensor dg = filled({C}, 0.0f), db = filled({C}, 0.0f), narrow = filled({C - 1}, 1.0f);
+  auto backward = [&](const Tensor& gamma, Tensor& dsum_t, Tensor& dx_t) {
+    return error_of([&] {
+      ops::layernorm_dropout_backward(be, dy.t, sum.t, gamma, mean.t, rstd.t, {}, dsum_t, dx_t, dg.t, db.t);
+    });
+  };
+  EXPECT_EQ(backward(narrow.t, dsum.t, dx.t), "layernorm_dropout_backward: gamma has shape [3], expected [4]");
+  EXPECT_EQ(backward(g.t, dy.t, dx.t), "layernorm_dropout_backward: dsum shares memory with the input dy");
+  EXPECT_EQ(backward(g.t, dsum.t, sum.t), "layernorm_dropout_backward: dx shares memory with the input sum");
+  EXPECT_EQ(backward(g.t, dsum.t, dsum.t), "layernorm_dropout_backward: outputs dsum and dx share memory");
+  EXPECT_EQ(backward(g.t, dsum.t, dy.t), "(no error)");
 }
 
 // ---------------------------------------------------------------------------- elementwise
@@ -765,6 +859,12 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
   Tensor type{nullptr, DType::F32, {2, 12}};
   ops::embedding_forward(be, ids, ids, word, pos, type, 5, ctx);
   ops::embedding_backward(be, ctx, ids, ids, 5, word, pos, type);
+  // Planned tensors may look aliased (here all are null): only real memory is checked.
+  Tensor row_stats{nullptr, DType::F32, {10}}, norm_params{nullptr, DType::F32, {12}};
+  ops::dropout_add_layernorm_forward(be, ctx, ctx, {0.1f, 1, 2}, norm_params, norm_params, 1e-5f, ctx, ctx, row_stats,
+                                     row_stats);
+  ops::layernorm_dropout_backward(be, ctx, ctx, norm_params, row_stats, row_stats, {0.1f, 1, 2}, ctx, ctx,
+                                  norm_params, norm_params);
   // Shapes are still checked.
   HostTensor y_bad = filled({4, 6}, 7.0f);
   EXPECT_THROW(ops::linear_forward(be, x.t, w.t, nullptr, y_bad.t), Error);

@@ -170,6 +170,18 @@ class Backend {
                                  Tensor& mean, Tensor& rstd) = 0;
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+  // A transformer's residual LayerNorm, fused so that the [rows, cols] sum is read and
+  // written once and one launch replaces two. Bit for bit the unfused pair:
+  //   forward:  dropout_add(x, residual, d, sum), then layernorm_forward on the stored sum;
+  //   backward: layernorm_backward(dy, sum, ...) into dsum (the residual's gradient), then
+  //             dropout(dsum, d, dx) (the gradient of x); dgamma and dbeta accumulate.
+  // sum may alias x, and dx may alias dy (BERT writes in place so); no other overlap.
+  virtual void dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
+                                             const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum,
+                                             Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  virtual void layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma,
+                                          const Tensor& mean, const Tensor& rstd, const DropoutSpec& d, Tensor& dsum,
+                                          Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
 
   virtual void activation_forward(Activation a, const Tensor& x, Tensor& y) = 0;
   // dx = dy * act'(x); dx may alias dy.

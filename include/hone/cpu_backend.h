@@ -32,6 +32,12 @@ class CpuBackend final : public Backend {
                          Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                           const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override;
+  void dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
+                                     const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum, Tensor& y,
+                                     Tensor& mean, Tensor& rstd) override;
+  void layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma, const Tensor& mean,
+                                  const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx, Tensor& dgamma,
+                                  Tensor& dbeta) override;
   void activation_forward(Activation a, const Tensor& x, Tensor& y) override;
   void activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) override;
   void tanh_forward(const Tensor& x, Tensor& y) override;

@@ -25,6 +25,12 @@ void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const 
                        Tensor& mean, Tensor& rstd);
 void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d,
+                                   const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum, Tensor& y,
+                                   Tensor& mean, Tensor& rstd);
+void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx,
+                                Tensor& dgamma, Tensor& dbeta);
 
 void activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y);
 void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx);

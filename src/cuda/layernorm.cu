@@ -3,6 +3,10 @@
 // width allows), the row held in registers so that the variance takes a second pass
 // over registers rather than memory. x, gamma, beta, y, dy and dx are in the compute
 // dtype T; the statistics, the parameter gradients and all arithmetic are F32.
+//
+// The fused residual ops are the same kernels with the residual dropout added where the
+// row enters (forward) or leaves (backward) the registers, so the LayerNorm arithmetic,
+// thread layout and reduction order are the unfused op's, and so are its results.
 #include <algorithm>
 #include <initializer_list>
 
@@ -10,6 +14,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/half.h"
 #include "cuda/rows.h"
+#include "hone/philox.h"
 
 namespace hone {
 
@@ -47,14 +52,59 @@ __device__ __forceinline__ void store_run(T* p, const float (&v)[W]) {
     cuda::store_floats<T, W>(p, v);
 }
 
+// v rounded to T and back: the value a store and a later load would give.
 template <typename T, int W>
+__device__ __forceinline__ void round_run(float (&v)[W]) {
+  #pragma unroll
+  for (int t = 0; t < W; ++t) v[t] = cuda::to_float(cuda::from_float<T>(v[t]));
+}
+
+// The dropout of a fused op: its spec and keep scale, 1 / (1 - p) as launch_dropout
+// computes it (inf at p == 1, where nothing is kept and it is never used).
+struct FusedDropout {
+  DropoutSpec d;
+  float scale = 1.0f;
+};
+
+FusedDropout fused_dropout(const DropoutSpec& d) { return {d, 1.0f / (1.0f - d.p)}; }
+
+// v = dropout(v) for the W elements from flat index i, as dropout_kernel computes it
+// (src/cuda/elementwise.cu): element j keeps word j % 4 of Philox block j / 4, and
+// __fmul_rn keeps x * scale from fusing with a later add. With W > 1 the row length is a
+// multiple of kVec<T> (vec_ok), so i is a multiple of 4 and the run spans whole blocks.
+// `stream` is dropout_stream(d), read once per thread.
+template <int W>
+__device__ __forceinline__ void dropout_run(const DropoutSpec& d, uint64_t stream, float scale, int64_t i,
+                                            float (&v)[W]) {
+  if (!(d.p > 0.0f)) return;
+  if constexpr (W == 1) {
+    v[0] = dropout_keep(d.seed, stream, uint64_t(i), d.p) ? __fmul_rn(v[0], scale) : 0.0f;
+  } else {
+    #pragma unroll
+    for (int b = 0; b < W / 4; ++b) {
+      const Philox4 r = philox_block(d.seed, stream, uint64_t(i) / 4 + b);
+      #pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float& e = v[4 * b + k];
+        e = uniform_from_word(r.v[k]) >= d.p ? __fmul_rn(e, scale) : 0.0f;
+      }
+    }
+  }
+}
+
+// With kFused the row normalized is residual + dropout(x) (fd), rounded to T as
+// dropout_add stores it and written to sum_out, which may be x: each thread reads its
+// elements of x before writing them.
+template <typename T, int W, bool kFused>
 __global__ void __launch_bounds__(1024)
     layernorm_forward_kernel(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta, float eps, T* y,
-                             float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int cols) {
+                             float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int cols,
+                             FusedDropout fd, const T* __restrict__ residual, T* sum_out) {
   constexpr int G = kGroups<W>;
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
   const T* xr = x + row * cols;
+  const uint64_t stream = kFused ? dropout_stream(fd.d) : 0;
   float v[G][W];
   float sum = 0.0f;
   #pragma unroll
@@ -62,6 +112,15 @@ __global__ void __launch_bounds__(1024)
     const int c = (g * blockDim.x + threadIdx.x) * W;
     if (!live || c >= cols) continue;
     load_run<W>(xr + c, v[g]);
+    if constexpr (kFused) {
+      float res[W];
+      load_run<W>(residual + row * cols + c, res);
+      dropout_run<W>(fd.d, stream, fd.scale, row * cols + c, v[g]);
+      #pragma unroll
+      for (int t = 0; t < W; ++t) v[g][t] = res[t] + v[g][t];
+      round_run<T>(v[g]);
+      store_run<W>(sum_out + row * cols + c, v[g]);
+    }
     #pragma unroll
     for (int t = 0; t < W; ++t) sum += v[g][t];
   }
@@ -97,12 +156,16 @@ __global__ void __launch_bounds__(1024)
 // dbeta are summed over the block's rows in registers, then over the block's row slots
 // through shared memory, and added with one atomic per column and block. Each thread
 // reads its dy and x before writing the same elements of dx, so dx may alias dy.
-template <typename T, int W>
+// With kFused dx is the gradient of the sum, and dropped_dx receives dropout(dx) (fd) of
+// the value stored (rounded to T), as the dropout op would from it; it too may alias dy.
+template <typename T, int W, bool kFused>
 __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
     layernorm_backward_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* dx,
-                              float* __restrict__ dgamma, float* __restrict__ dbeta, int64_t rows, int cols) {
+                              float* __restrict__ dgamma, float* __restrict__ dbeta, int64_t rows, int cols,
+                              FusedDropout fd, T* dropped_dx) {
   constexpr int G = kGroups<W>;
+  const uint64_t stream = kFused ? dropout_stream(fd.d) : 0;
   float dg[G][W] = {}, db[G][W] = {};
   for (int64_t first = int64_t(blockIdx.x) * blockDim.y; first < rows; first += int64_t(gridDim.x) * blockDim.y) {
     const int64_t row = first + threadIdx.y;
@@ -136,6 +199,11 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
       #pragma unroll
       for (int t = 0; t < W; ++t) gv[g][t] = rs * (gv[g][t] - mean_g - xh[g][t] * mean_gx);
       store_run<W>(dx + row * cols + c, gv[g]);
+      if constexpr (kFused) {
+        round_run<T>(gv[g]);
+        dropout_run<W>(fd.d, stream, fd.scale, row * cols + c, gv[g]);
+        store_run<W>(dropped_dx + row * cols + c, gv[g]);
+      }
     }
   }
 
@@ -178,26 +246,30 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
   }
 }
 
-template <typename T, int W>
+// fd, residual and sum_out are only used when kFused.
+template <typename T, int W, bool kFused>
 void layernorm_forward_as(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                          Tensor& mean, Tensor& rstd, int64_t rows, int64_t cols, cudaStream_t stream) {
+                          Tensor& mean, Tensor& rstd, int64_t rows, int64_t cols, const FusedDropout& fd,
+                          const T* residual, T* sum_out, cudaStream_t stream) {
   const cuda::RowLaunch l = cuda::row_launch("layernorm_forward", rows, cols, W, kGroups<W>);
-  layernorm_forward_kernel<T, W><<<l.grid, l.block, 0, stream>>>(x.ptr<T>(), gamma.ptr<T>(), beta.ptr<T>(), eps,
-                                                                  y.ptr<T>(), mean.f32(), rstd.f32(), rows, int(cols));
+  layernorm_forward_kernel<T, W, kFused><<<l.grid, l.block, 0, stream>>>(
+      x.ptr<T>(), gamma.ptr<T>(), beta.ptr<T>(), eps, y.ptr<T>(), mean.f32(), rstd.f32(), rows, int(cols), fd,
+      residual, sum_out);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-template <typename T, int W>
+// fd and dropped_dx are only used when kFused.
+template <typename T, int W, bool kFused>
 void layernorm_backward_as(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                            const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, int64_t rows, int64_t cols,
-                           int sms, cudaStream_t stream) {
+                           const FusedDropout& fd, T* dropped_dx, int sms, cudaStream_t stream) {
   cuda::RowLaunch l =
       cuda::row_launch("layernorm_backward", rows, cols, W, kGroups<W>, W > 1 ? kBackwardVecThreads : 1024);
   // One wave of blocks at most: more rows per block means fewer atomics per column.
   l.grid.x = std::min(l.grid.x, unsigned(4 * sms));
-  layernorm_backward_kernel<T, W><<<l.grid, l.block, 0, stream>>>(dy.ptr<T>(), x.ptr<T>(), gamma.ptr<T>(),
-                                                                   mean.f32(), rstd.f32(), dx.ptr<T>(), dgamma.f32(),
-                                                                   dbeta.f32(), rows, int(cols));
+  layernorm_backward_kernel<T, W, kFused><<<l.grid, l.block, 0, stream>>>(
+      dy.ptr<T>(), x.ptr<T>(), gamma.ptr<T>(), mean.f32(), rstd.f32(), dx.ptr<T>(), dgamma.f32(), dbeta.f32(), rows,
+      int(cols), fd, dropped_dx);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -210,9 +282,11 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
   cuda::with_dtype(x.dtype, "layernorm_forward", [&](auto t) {
     using T = decltype(t);
     if (vec_ok<T>(cols, {x.data, gamma.data, beta.data, y.data}))
-      layernorm_forward_as<T, cuda::kVec<T>>(x, gamma, beta, eps, y, mean, rstd, rows, cols, stream_);
+      layernorm_forward_as<T, cuda::kVec<T>, false>(x, gamma, beta, eps, y, mean, rstd, rows, cols, {}, nullptr,
+                                                    nullptr, stream_);
     else
-      layernorm_forward_as<T, 1>(x, gamma, beta, eps, y, mean, rstd, rows, cols, stream_);
+      layernorm_forward_as<T, 1, false>(x, gamma, beta, eps, y, mean, rstd, rows, cols, {}, nullptr, nullptr,
+                                        stream_);
   });
 }
 
@@ -225,9 +299,63 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   cuda::with_dtype(x.dtype, "layernorm_backward", [&](auto t) {
     using T = decltype(t);
     if (vec_ok<T>(cols, {dy.data, x.data, gamma.data, dx.data}))
-      layernorm_backward_as<T, cuda::kVec<T>>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, sms, stream_);
+      layernorm_backward_as<T, cuda::kVec<T>, false>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, {},
+                                                     nullptr, sms, stream_);
     else
-      layernorm_backward_as<T, 1>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, sms, stream_);
+      layernorm_backward_as<T, 1, false>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, {}, nullptr, sms,
+                                         stream_);
+  });
+}
+
+// The statistics match layernorm_forward's bit for bit only in its thread layout, which
+// the alignment of the tensors it sees (sum, gamma, beta, y) decides. The fused kernel
+// takes that layout; if x or residual cannot follow it into 16-byte access, the unfused
+// pair runs instead.
+void CudaBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
+                                                const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum,
+                                                Tensor& y, Tensor& mean, Tensor& rstd) {
+  const int64_t cols = x.shape[x.shape.rank - 1], rows = mean.numel();
+  if (rows == 0) return;
+  cuda::with_dtype(x.dtype, "dropout_add_layernorm_forward", [&](auto t) {
+    using T = decltype(t);
+    const bool vec = vec_ok<T>(cols, {sum.data, gamma.data, beta.data, y.data});
+    if (vec && !vec_ok<T>(cols, {x.data, residual.data})) {
+      dropout_add(x, residual, d, sum);
+      layernorm_forward(sum, gamma, beta, eps, y, mean, rstd);
+      return;
+    }
+    if (vec)
+      layernorm_forward_as<T, cuda::kVec<T>, true>(x, gamma, beta, eps, y, mean, rstd, rows, cols, fused_dropout(d),
+                                                   residual.ptr<T>(), sum.ptr<T>(), stream_);
+    else
+      layernorm_forward_as<T, 1, true>(x, gamma, beta, eps, y, mean, rstd, rows, cols, fused_dropout(d),
+                                       residual.ptr<T>(), sum.ptr<T>(), stream_);
+  });
+}
+
+// As the forward: layernorm_backward's layout (from dy, sum, gamma, dsum), or the unfused
+// pair when dx cannot follow it into 16-byte access.
+void CudaBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma,
+                                             const Tensor& mean, const Tensor& rstd, const DropoutSpec& d,
+                                             Tensor& dsum, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const int64_t cols = sum.shape[sum.shape.rank - 1], rows = mean.numel();
+  if (rows == 0) return;
+  int sms = 0;
+  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
+  cuda::with_dtype(sum.dtype, "layernorm_dropout_backward", [&](auto t) {
+    using T = decltype(t);
+    const bool vec = vec_ok<T>(cols, {dy.data, sum.data, gamma.data, dsum.data});
+    if (vec && !vec_ok<T>(cols, {dx.data})) {
+      layernorm_backward(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta);
+      dropout(dsum, d, dx);
+      return;
+    }
+    if (vec)
+      layernorm_backward_as<T, cuda::kVec<T>, true>(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta, rows, cols,
+                                                    fused_dropout(d), dx.ptr<T>(), sms, stream_);
+    else
+      layernorm_backward_as<T, 1, true>(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta, rows, cols,
+                                        fused_dropout(d), dx.ptr<T>(), sms, stream_);
   });
 }
 

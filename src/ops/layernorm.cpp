@@ -1,4 +1,5 @@
-// LayerNorm over the last dimension, as torch.nn.LayerNorm (biased variance).
+// LayerNorm over the last dimension, as torch.nn.LayerNorm (biased variance), alone and
+// fused with the residual dropout before it.
 #include <algorithm>
 #include <cmath>
 
@@ -12,11 +13,11 @@ namespace ops {
 
 namespace {
 
-// Checks x, gamma and the per-row statistics; returns the normalized width.
-int64_t check_layernorm(Backend& be, const char* op, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                        const Tensor& rstd) {
-  detail::expect_compute(be, op, "x", x);
-  if (x.shape.rank < 1) fail("{}: x has shape {}, expected rank >= 1", op, x.shape.str());
+// Checks x (named x_name), gamma and the per-row statistics; returns the normalized width.
+int64_t check_layernorm(Backend& be, const char* op, const char* x_name, const Tensor& x, const Tensor& gamma,
+                        const Tensor& mean, const Tensor& rstd) {
+  detail::expect_compute(be, op, x_name, x);
+  if (x.shape.rank < 1) fail("{}: {} has shape {}, expected rank >= 1", op, x_name, x.shape.str());
   const int64_t cols = x.shape[x.shape.rank - 1];
   const int64_t rows = cols ? x.numel() / cols : 0;
   detail::expect(op, "gamma", gamma, x.dtype, {cols});
@@ -29,7 +30,7 @@ int64_t check_layernorm(Backend& be, const char* op, const Tensor& x, const Tens
 
 void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                        Tensor& mean, Tensor& rstd) {
-  const int64_t cols = check_layernorm(be, "layernorm_forward", x, gamma, mean, rstd);
+  const int64_t cols = check_layernorm(be, "layernorm_forward", "x", x, gamma, mean, rstd);
   detail::expect("layernorm_forward", "beta", beta, x.dtype, {cols});
   detail::expect("layernorm_forward", "y", y, x.dtype, x.shape);
   if (be.dry_run) return;
@@ -38,13 +39,47 @@ void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const 
 
 void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  const int64_t cols = check_layernorm(be, "layernorm_backward", x, gamma, mean, rstd);
+  const int64_t cols = check_layernorm(be, "layernorm_backward", "x", x, gamma, mean, rstd);
   detail::expect("layernorm_backward", "dy", dy, x.dtype, x.shape);
   detail::expect("layernorm_backward", "dx", dx, x.dtype, x.shape);
   detail::expect("layernorm_backward", "dgamma", dgamma, DType::F32, {cols});
   detail::expect("layernorm_backward", "dbeta", dbeta, DType::F32, {cols});
   if (be.dry_run) return;
   be.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+}
+
+void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d,
+                                   const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum, Tensor& y,
+                                   Tensor& mean, Tensor& rstd) {
+  const char* op = "dropout_add_layernorm_forward";
+  detail::expect_dropout(op, d);
+  const int64_t cols = check_layernorm(be, op, "x", x, gamma, mean, rstd);
+  detail::expect(op, "residual", residual, x.dtype, x.shape);
+  detail::expect(op, "beta", beta, x.dtype, {cols});
+  detail::expect(op, "sum", sum, x.dtype, x.shape);
+  detail::expect(op, "y", y, x.dtype, x.shape);
+  if (be.dry_run) return;
+  detail::expect_disjoint(op, {{"sum", sum}, {"y", y}, {"mean", mean}, {"rstd", rstd}},
+                          {{"x", x}, {"residual", residual}, {"gamma", gamma}, {"beta", beta}}, {"sum", "x"});
+  be.dropout_add_layernorm_forward(x, residual, d, gamma, beta, eps, sum, y, mean, rstd);
+}
+
+void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx,
+                                Tensor& dgamma, Tensor& dbeta) {
+  const char* op = "layernorm_dropout_backward";
+  detail::expect_dropout(op, d);
+  const int64_t cols = check_layernorm(be, op, "sum", sum, gamma, mean, rstd);
+  detail::expect(op, "dy", dy, sum.dtype, sum.shape);
+  detail::expect(op, "dsum", dsum, sum.dtype, sum.shape);
+  detail::expect(op, "dx", dx, sum.dtype, sum.shape);
+  detail::expect(op, "dgamma", dgamma, DType::F32, {cols});
+  detail::expect(op, "dbeta", dbeta, DType::F32, {cols});
+  if (be.dry_run) return;
+  detail::expect_disjoint(op, {{"dsum", dsum}, {"dx", dx}, {"dgamma", dgamma}, {"dbeta", dbeta}},
+                          {{"dy", dy}, {"sum", sum}, {"gamma", gamma}, {"mean", mean}, {"rstd", rstd}},
+                          {"dx", "dy"});
+  be.layernorm_dropout_backward(dy, sum, gamma, mean, rstd, d, dsum, dx, dgamma, dbeta);
 }
 
 }  // namespace ops
@@ -111,6 +146,21 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
     float* dxr = dxp + r * cols;
     for (int64_t c = 0; c < cols; ++c) dxr[c] = rs * (dyr[c] * gp[c] - mean_g - (xr[c] - m) * rs * mean_gx);
   }
+}
+
+// The composition of the unfused ops: the reference that the fused kernels are held to.
+void CpuBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
+                                               const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum,
+                                               Tensor& y, Tensor& mean, Tensor& rstd) {
+  dropout_add(x, residual, d, sum);
+  layernorm_forward(sum, gamma, beta, eps, y, mean, rstd);
+}
+
+void CpuBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma,
+                                            const Tensor& mean, const Tensor& rstd, const DropoutSpec& d,
+                                            Tensor& dsum, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  layernorm_backward(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta);
+  dropout(dsum, d, dx);  // after dy is read: dx may alias it
 }
 
 }  // namespace hone

@@ -1,6 +1,10 @@
 #pragma once
 // Shared by the op families: the checks behind the ops.h wrappers, which name the op and
 // the tensor in their messages, and the walk over a dropout mask.
+#include <array>
+#include <initializer_list>
+#include <string_view>
+
 #include "hone/backend.h"
 #include "hone/philox.h"
 
@@ -31,6 +35,38 @@ inline void expect(const char* op, const char* name, const Tensor& t, DType dtyp
 
 inline void expect_rank(const char* op, const char* name, const Tensor& t, int rank) {
   if (t.shape.rank != rank) fail("{}: {} has shape {}, expected rank {}", op, name, t.shape.str(), rank);
+}
+
+// Whether a and b share a byte. Only real memory says: the planner's tensors carry
+// stand-in addresses, so callers skip this in a dry run.
+inline bool overlap(const Tensor& a, const Tensor& b) {
+  const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
+  return a.bytes() > 0 && b.bytes() > 0 && a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+}
+
+struct NamedTensor {
+  const char* name;
+  const Tensor& t;
+};
+
+// Fails when an output shares memory with another output or with an input, except that
+// the output named in_place[0] may be the input named in_place[1] itself (same address;
+// the caller has checked that their shapes and dtypes agree): ops that allow it read each
+// element before writing it.
+inline void expect_disjoint(const char* op, std::initializer_list<NamedTensor> outputs,
+                            std::initializer_list<NamedTensor> inputs, std::array<std::string_view, 2> in_place) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto other = outputs.begin(); other != out; ++other)
+      if (overlap(out->t, other->t)) fail("{}: outputs {} and {} share memory", op, other->name, out->name);
+    for (const NamedTensor& in : inputs) {
+      if (!overlap(out->t, in.t)) continue;
+      const bool allowed = out->name == in_place[0] && in.name == in_place[1];
+      if (allowed && out->t.data == in.t.data) continue;
+      if (allowed)
+        fail("{}: {} overlaps {} without being it (it may only be {} itself)", op, out->name, in.name, in.name);
+      fail("{}: {} shares memory with the input {}", op, out->name, in.name);
+    }
+  }
 }
 
 inline void expect_dropout(const char* op, const DropoutSpec& d) {
