@@ -4,14 +4,16 @@
 // the result is rounded. Kernels compute in F32 and round once on the store, so a result
 // is the F32 result rounded (bit for bit where the arithmetic cannot contract
 // differently: dropout, embedding sums, data movement), or within half an ulp of the
-// half type: 2^-8 relative for bf16 (8 significant bits), 2^-11 for fp16 (11).
-// The backend is called directly: these test the kernels, not the ops.h checks.
+// half type: 2^-8 relative for bf16 (8 significant bits), 2^-11 for fp16 (11). The
+// fused residual LayerNorm is held instead to the unfused ops it replaces, in the same
+// dtype. The backend is called directly: these test the kernels, not the ops.h checks.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -289,6 +291,140 @@ TEST_F(MixedOps, DropoutMasksEqualF32AlsoWhenAliased) {
           expect_rounded("dropout_add into x" + at, xb, want_out);
           expect_rounded("dropout_add into residual" + at, ra, want_out);
         }
+}
+
+// ---------------------------------------------------------------------------- layernorm
+
+// A residual LayerNorm problem: rows x cols, the inputs rounded to the compute dtype t.
+struct ResidualNormInputs {
+  int rows, cols;
+  DType t;
+  std::vector<float> x, residual, gamma, beta, dy, dgamma, dbeta;
+  ResidualNormInputs(int r, int c, DType type)
+      : rows(r), cols(c), t(type),
+        x(rounded(uniform(int64_t(r) * c, 1), t)),
+        residual(rounded(uniform(int64_t(r) * c, 2, -1.0f, 3.0f), t)),  // rows with a non-zero mean
+        gamma(rounded(uniform(c, 3, 0.5f, 1.5f), t)),
+        beta(rounded(uniform(c, 4), t)),
+        dy(rounded(uniform(int64_t(r) * c, 5), t)),
+        dgamma(uniform(c, 6)),  // F32 gradients that already hold values: the ops add onto them
+        dbeta(uniform(c, 7)) {}
+};
+
+// Where its tensors start. in_place: sum is x and dx is dy, as BERT calls the ops. x and
+// dx (dy when in place) start x_offset elements from a 16-byte boundary, the others
+// `offset`: an offset of 1 takes the scalar paths, and x alone at 1 leaves the fused ops
+// unable to follow LayerNorm's 16-byte layout (they then run the unfused pair).
+struct ResidualNormLayout {
+  bool in_place;
+  int x_offset, offset;
+};
+constexpr ResidualNormLayout kResidualNormLayouts[] = {{false, 0, 0}, {true, 0, 0}, {false, 1, 0}, {true, 1, 0}};
+
+// What the ops computed: the raw bytes of each output, and the F32 parameter gradients.
+struct ResidualNormResults {
+  std::vector<uint8_t> sum, y, mean, rstd, dsum, dx;
+  std::vector<float> dgamma, dbeta;
+};
+
+std::vector<uint8_t> raw_bytes(const Dev& d) {
+  std::vector<uint8_t> b(d.t.bytes());
+  d.download_bytes(b.data());
+  return b;
+}
+
+// Forward and backward of the residual LayerNorm: the fused ops, or the unfused ones
+// they replace (dropout_add, layernorm_forward, layernorm_backward, dropout).
+ResidualNormResults run_residual_norm(Backend& g, const ResidualNormInputs& in, const ResidualNormLayout& l,
+                                      const DropoutSpec& d, bool fused) {
+  const float eps = 1e-12f;
+  const DType t = in.t;
+  const Shape shape{in.rows, in.cols}, stat{in.rows};
+  Dev x(g, t, shape, l.x_offset), residual(g, t, shape, l.offset), own_sum(g, t, shape, l.offset);
+  Dev gamma(g, t, in.gamma, l.offset), beta(g, t, in.beta, l.offset);
+  Dev y(g, t, shape, l.offset), mean(g, DType::F32, stat), rstd(g, DType::F32, stat);
+  Dev dy(g, t, shape, l.in_place ? l.x_offset : l.offset), dsum(g, t, shape, l.offset), own_dx(g, t, shape, l.x_offset);
+  Dev dgamma(g, DType::F32, in.dgamma), dbeta(g, DType::F32, in.dbeta);
+  x.upload(in.x);
+  residual.upload(in.residual);
+  dy.upload(in.dy);
+  const Dev& sum = l.in_place ? x : own_sum;
+  const Dev& dx = l.in_place ? dy : own_dx;
+  Tensor sum_t = sum.t, dx_t = dx.t;
+  if (fused) {
+    g.dropout_add_layernorm_forward(x.t, residual.t, d, gamma.t, beta.t, eps, sum_t, y.t, mean.t, rstd.t);
+    g.layernorm_dropout_backward(dy.t, sum_t, gamma.t, mean.t, rstd.t, d, dsum.t, dx_t, dgamma.t, dbeta.t);
+  } else {
+    g.dropout_add(x.t, residual.t, d, sum_t);
+    g.layernorm_forward(sum_t, gamma.t, beta.t, eps, y.t, mean.t, rstd.t);
+    g.layernorm_backward(dy.t, sum_t, gamma.t, mean.t, rstd.t, dsum.t, dgamma.t, dbeta.t);
+    g.dropout(dsum.t, d, dx_t);
+  }
+  return {raw_bytes(sum),  raw_bytes(y),  raw_bytes(mean),   raw_bytes(rstd),
+          raw_bytes(dsum), raw_bytes(dx), dgamma.download(), dbeta.download()};
+}
+
+void expect_same_bytes(const std::string& what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                       size_t element_bytes) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); i += element_bytes)
+    if (std::memcmp(&got[i], &want[i], element_bytes) != 0 && bad++ == 0) first = int64_t(i / element_bytes);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements differ from the unfused ops', the first at " << first;
+}
+
+// The fused ops against the unfused ones on the same backend and the same tensors (same
+// dtype, same alignment): bit for bit for every output but dgamma and dbeta. Both run
+// the same kernel code in the same thread layout, so each block's partial sums of dgamma
+// and dbeta are the same; only the order in which the blocks' atomicAdds land differs,
+// as between two runs of layernorm_backward itself. That reorders an F32 sum of at most
+// 4 x SMs terms per column, so they are held to 1e-5 of the largest magnitude, as the
+// F32 atomics of embedding_backward are.
+TEST_F(MixedOps, FusedResidualLayerNormEqualsTheUnfusedOps) {
+  Backend& g = gpu();
+  const int64_t step = (int64_t(1) << 40) + 3;
+  Dev device_step(g, DType::I64, Shape{1});
+  device_step.upload_bytes(&step);
+  // Seed and stream use their high words, which a 32-bit slip would lose.
+  const uint64_t seed = 0x9E3779B97F4A7C15ull, site = 5;
+  const DropoutSpec composed{0.1f, seed, (uint64_t(step) << kDropoutSiteBits) | site};
+  struct Specs {
+    DropoutSpec fused, unfused;
+    std::string name;
+  };
+  const Specs specs[] = {{{}, {}, "p = 0"},
+                         {composed, composed, "p = 0.1"},
+                         {{0.1f, seed, site, device_step.t.ptr<int64_t>()}, composed, "p = 0.1, device step counter"}};
+  // 13 columns: scalar rows in every dtype; 12: 16-byte rows in F32 only; 1000 and 1024:
+  // 16-byte rows in all, 1000 leaving threads of the row idle.
+  const std::pair<int, int> shapes[] = {{7, 13}, {9, 12}, {64, 1000}, {2048, 1024}};
+  auto expect_atomic_sums_close = [](const std::string& what, const std::vector<float>& got,
+                                     const std::vector<float>& want) {
+    double scale = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(double(v)));
+    expect_near(what, got, want, 0.0, 1e-5 * scale);
+  };
+  for (DType t : kComputeTypes)
+    for (auto [R, C] : shapes) {
+      const ResidualNormInputs in(R, C, t);
+      for (const ResidualNormLayout& l : kResidualNormLayouts)
+        for (const Specs& d : specs) {
+          const std::string at = fmt::format(" ({}, {} x {}, {}, x offset {}, offset {}, {})", name(t), R, C,
+                                             l.in_place ? "in place" : "separate outputs", l.x_offset, l.offset,
+                                             d.name);
+          const ResidualNormResults want = run_residual_norm(g, in, l, d.unfused, false);
+          const ResidualNormResults got = run_residual_norm(g, in, l, d.fused, true);
+          const size_t e = dtype_size(t);
+          expect_same_bytes("sum" + at, got.sum, want.sum, e);
+          expect_same_bytes("y" + at, got.y, want.y, e);
+          expect_same_bytes("mean" + at, got.mean, want.mean, sizeof(float));
+          expect_same_bytes("rstd" + at, got.rstd, want.rstd, sizeof(float));
+          expect_same_bytes("dsum" + at, got.dsum, want.dsum, e);
+          expect_same_bytes("dx" + at, got.dx, want.dx, e);
+          expect_atomic_sums_close("dgamma" + at, got.dgamma, want.dgamma);
+          expect_atomic_sums_close("dbeta" + at, got.dbeta, want.dbeta);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------- embedding

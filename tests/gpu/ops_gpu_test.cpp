@@ -238,6 +238,68 @@ TEST_F(GpuOps, LayerNormMatchesCpuAndAccumulatesParameterGrads) {
   }
 }
 
+// The same elements dropped (zero) on both sides: the dropout masks agree.
+void expect_same_zeros(const std::string& what, const Both& x) {
+  const std::vector<float> got = x.gpu.download();
+  const float* want = x.cpu.t.f32();
+  int64_t mismatched = 0, zeros = 0;
+  for (int64_t i = 0; i < x.cpu.n(); ++i) {
+    zeros += want[i] == 0.0f;
+    mismatched += (got[size_t(i)] == 0.0f) != (want[i] == 0.0f);
+  }
+  EXPECT_EQ(mismatched, 0) << what << ": the GPU zeros other elements than the CPU (which zeros " << zeros << ")";
+}
+
+// The fused residual LayerNorm in place, as BERT calls it (sum over x, dx over dy), with
+// the tolerances of the unfused ops: the sum (a dropout) and the masks exact, the rest
+// within 1e-5. The stream is composed on the host or read from a step counter in device
+// memory.
+TEST_F(GpuOps, FusedResidualLayerNormMatchesCpu) {
+  Backend& g = gpu();
+  const int64_t step = (int64_t(1) << 40) + 3;
+  HostTensor step_host(DType::I64, {1});
+  step_host.t.ptr<int64_t>()[0] = step;
+  DeviceTensor device_step(g, step_host);
+  // Seed and stream use their high words, which a 32-bit slip would lose.
+  const uint64_t seed = 0x9E3779B97F4A7C15ull, site = 5;
+  const DropoutSpec composed{0.1f, seed, (uint64_t(step) << kDropoutSiteBits) | site};
+  struct Specs {
+    DropoutSpec cpu, gpu;
+    std::string name;
+  };
+  const Specs specs[] = {{{}, {}, "p = 0"},
+                         {composed, composed, "p = 0.1"},
+                         {composed, {0.1f, seed, site, device_step.t.ptr<int64_t>()}, "p = 0.1, device step counter"}};
+  for (auto [R, C] : {std::pair<int, int>{7, 13}, {64, 1000}, {2048, 1024}})
+    for (const Specs& d : specs) {
+      const float eps = 1e-12f;
+      const std::string at = fmt::format(" ({} x {}, {})", R, C, d.name);
+      Both x(g, random({R, C}, 1)), residual(g, random({R, C}, 2, -1.0f, 3.0f));
+      Both gamma(g, random({C}, 3, 0.5f, 1.5f)), beta(g, random({C}, 4));
+      Both y(g, nans({R, C})), mean(g, nans({R})), rstd(g, nans({R}));
+      for (auto [be, s] : sides())
+        ops::dropout_add_layernorm_forward(*be, x[s], residual[s], s == kCpu ? d.cpu : d.gpu, gamma[s], beta[s], eps,
+                                           x[s], y[s], mean[s], rstd[s]);
+      expect_same("sum" + at, x);
+      expect_close("y" + at, y, kFp32Tol);
+      expect_close("mean" + at, mean, kFp32Tol);
+      expect_close("rstd" + at, rstd, kFp32Tol);
+      // Backward from the same sum and statistics as the CPU's.
+      x.gpu.upload(x.cpu);
+      mean.gpu.upload(mean.cpu);
+      rstd.gpu.upload(rstd.cpu);
+      Both dy(g, random({R, C}, 5)), dsum(g, nans({R, C})), dgamma(g, random({C}, 6)), dbeta(g, random({C}, 7));
+      for (auto [be, s] : sides())
+        ops::layernorm_dropout_backward(*be, dy[s], x[s], gamma[s], mean[s], rstd[s], s == kCpu ? d.cpu : d.gpu,
+                                        dsum[s], dy[s], dgamma[s], dbeta[s]);
+      expect_close("dsum" + at, dsum, kFp32Tol);
+      expect_close("dx" + at, dy, kFp32Tol);
+      expect_same_zeros("dx" + at, dy);
+      expect_close("dgamma" + at, dgamma, kFp32Tol);
+      expect_close("dbeta" + at, dbeta, kFp32Tol);
+    }
+}
+
 // ---------------------------------------------------------------------------- elementwise
 
 // Values in [-4, 4], none exactly 0 where relu has its kink.
