@@ -201,11 +201,12 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
     mem.release(ws);
     s.ln1_in = saved("attention_residual", l, {T, H});
     ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
-    ops::dropout_add(be, s.ln1_in, x, layer_drop(l, 1), s.ln1_in);
     s.ln1_mean = stat("attention_ln_mean", l, {T});
     s.ln1_rstd = stat("attention_ln_rstd", l, {T});
     s.ln1_out = saved("attention_out", l, {T, H});
-    ops::layernorm_forward(be, s.ln1_in, w(P.ln1.g), w(P.ln1.b), eps, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+    // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in)
+    ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_drop(l, 1), w(P.ln1.g), w(P.ln1.b), eps, s.ln1_in,
+                                       s.ln1_out, s.ln1_mean, s.ln1_rstd);
     s.ffn_pre = saved("ffn_preactivation", l, {T, I});
     ops::linear_forward(be, s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre);
     Tensor ffn_act = scratch("ffn_activation", {T, I});  // recomputed in backward rather than saved
@@ -213,11 +214,12 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
     s.ln2_in = saved("ffn_residual", l, {T, H});
     ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
     mem.release(ffn_act);
-    ops::dropout_add(be, s.ln2_in, s.ln1_out, layer_drop(l, 2), s.ln2_in);
     s.ln2_mean = stat("ffn_ln_mean", l, {T});
     s.ln2_rstd = stat("ffn_ln_rstd", l, {T});
     s.out = saved("layer_out", l, {T, H});
-    ops::layernorm_forward(be, s.ln2_in, w(P.ln2.g), w(P.ln2.b), eps, s.out, s.ln2_mean, s.ln2_rstd);
+    // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
+    ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_drop(l, 2), w(P.ln2.g), w(P.ln2.b), eps,
+                                       s.ln2_in, s.out, s.ln2_mean, s.ln2_rstd);
     if (!keep_for_backward)
       for (const Tensor& t : std::initializer_list<Tensor>{x, s.qkv, s.attn_stats, s.ctx, s.ln1_in, s.ln1_mean,
                                                            s.ln1_rstd, s.ln1_out, s.ffn_pre, s.ln2_in, s.ln2_mean,
@@ -310,20 +312,19 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     Tensor gao_w = g(P.attn_out.w), gao_b = g(P.attn_out.b);
     Tensor gqkv_w = g3(P.qkv.w, 3 * H, H), gqkv_b = g3(P.qkv.b, 3 * H, 1).view({3 * H});
 
-    // out = LN2(ln2_in), ln2_in = ln1_out + dropout(down(act(ffn_pre)))
+    // out = LN2(ln2_in), ln2_in = ln1_out + dropout(down(act(ffn_pre))): d_res becomes
+    // d ln2_in, and dh, whose gradient of out is not read again, that of the FFN output.
     Tensor d_res = scratch("residual_grad", {T, H});
-    ops::layernorm_backward(be, dh, s.ln2_in, w(P.ln2.g), s.ln2_mean, s.ln2_rstd, d_res, gg2, gb2);
+    ops::layernorm_dropout_backward(be, dh, s.ln2_in, w(P.ln2.g), s.ln2_mean, s.ln2_rstd, layer_drop(l, 2), d_res, dh,
+                                    gg2, gb2);
     mem.release(s.ln2_in);
     mem.release(s.ln2_mean);
     mem.release(s.ln2_rstd);
-    Tensor d_down = scratch("ffn_out_grad", {T, H});
-    ops::dropout(be, d_res, layer_drop(l, 2), d_down);
     Tensor ffn_act = scratch("ffn_activation", {T, I});
     ops::activation_forward(be, act, s.ffn_pre, ffn_act);
     Tensor d_act = scratch("ffn_activation_grad", {T, I});
-    ops::linear_backward(be, d_down, ffn_act, w(P.ffn_down.w), &d_act, false, gdown_w, &gdown_b);
+    ops::linear_backward(be, dh, ffn_act, w(P.ffn_down.w), &d_act, false, gdown_w, &gdown_b);
     mem.release(ffn_act);
-    mem.release(d_down);
     ops::activation_backward(be, act, d_act, s.ffn_pre, d_act);
     mem.release(s.ffn_pre);
     // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
@@ -331,12 +332,13 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     mem.release(d_act);
     mem.release(s.ln1_out);
 
-    // ln1_out = LN1(ln1_in), ln1_in = x + dropout(attn_out(ctx)); dh becomes d ln1_in
-    ops::layernorm_backward(be, d_res, s.ln1_in, w(P.ln1.g), s.ln1_mean, s.ln1_rstd, dh, gg1, gb1);
+    // ln1_out = LN1(ln1_in), ln1_in = x + dropout(attn_out(ctx)): dh becomes d ln1_in (the
+    // residual path) and d_res the gradient of the attention output.
+    ops::layernorm_dropout_backward(be, d_res, s.ln1_in, w(P.ln1.g), s.ln1_mean, s.ln1_rstd, layer_drop(l, 1), dh,
+                                    d_res, gg1, gb1);
     mem.release(s.ln1_in);
     mem.release(s.ln1_mean);
     mem.release(s.ln1_rstd);
-    ops::dropout(be, dh, layer_drop(l, 1), d_res);
     Tensor d_ctx = scratch("attention_context_grad", {T, H});
     ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
     mem.release(d_res);
