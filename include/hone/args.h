@@ -69,6 +69,7 @@ struct TrainingArguments {
   bool fp16 = false;
   // hone-specific
   std::string device = "auto";  // auto | cpu | cuda
+  bool cuda_graphs = true;      // replay repeated training steps as CUDA graphs
   int threads = 0;              // CPU threads; 0 = all cores
 };
 

@@ -53,7 +53,22 @@ struct AttentionDims {
 struct AdamWStep {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1-based, for bias correction
+  // When set: F32 [kAdamWScalarsSize] in the backend's memory holding adamw_scalars(*this),
+  // read when the op runs, so that a replayed CUDA graph uses the current update's values.
+  // Each slice then has weight decay 0 or weight_decay.
+  const Tensor* scalars = nullptr;
 };
+
+// What an AdamW update computes from AdamWStep, as torch does from Python floats: in
+// double, rounded to float once.
+struct AdamWScalars {
+  float step_size;   // lr / (1 - beta1^step)
+  float bias2_sqrt;  // sqrt(1 - beta2^step)
+  float w1, w2, b2, eps;  // 1 - beta1, 1 - beta2, beta2, eps
+  float decay;       // 1 - lr * weight_decay
+};
+constexpr int kAdamWScalarsSize = int(sizeof(AdamWScalars) / sizeof(float));
+AdamWScalars adamw_scalars(const AdamWStep& s);
 
 // The spans of a training step that backends time: each mark ends the span running and
 // starts the one named.
@@ -121,6 +136,27 @@ class Backend {
   // Blocks until every copy to host memory queued so far has landed (into page-locked
   // memory from allocate_host such copies are asynchronous on a GPU).
   virtual void wait_for_reads() {}
+
+  // Inputs copied ahead of the step that reads them (on a second stream on a GPU). stage()
+  // copies host memory (page-locked from allocate_host; other memory is copied before the
+  // call returns) into a staging buffer without waiting for the work in flight, only for
+  // the last take_staged() before it. take_staged() queues, on the compute stream, a copy
+  // of a staging buffer into the buffer the step reads, once the staged copies have landed.
+  virtual void stage(const Tensor& host, Tensor& staging) { copy(host, staging); }
+  virtual void take_staged(const Tensor& staging, Tensor& dst) { copy(staging, dst); }
+
+  // Recorded steps (CUDA graphs). Between begin_recording() and end_recording() the ops
+  // queued are recorded, not run, and each mark() starts a new segment, so that a replay
+  // marks the same spans. replay() runs a recording: its ops read and write the addresses
+  // they were given (the memory plan keeps them fixed) and whatever values those hold
+  // then, so per-step values must live in memory (DropoutSpec::step, AdamWStep::scalars).
+  // A recording lives as long as the backend. Host reads recorded are awaited by
+  // wait_for_reads() after a replay as after eager ops.
+  virtual bool can_record() const { return false; }
+  virtual void begin_recording();
+  virtual int end_recording();  // the recording's id
+  virtual void abort_recording() noexcept {}  // after an error while recording: drops it
+  virtual void replay(int recording);
 
   // Step timing, for the summary's time split: the wall clock between marks on the CPU;
   // events on the stream on a GPU, read without stalling it. No-ops in a dry run.

@@ -7,10 +7,12 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hone/args.h"
@@ -111,6 +113,8 @@ class TrainingRun {
   // Host reads of the accumulators (a synchronisation on a GPU).
   double take_loss_sum();   // sum of the micro-step losses times their grad_scale; resets it
   double last_grad_norm();  // before clipping, of the last optimizer step
+  // Micro-steps and optimizer steps replayed from recordings (CUDA graphs) so far.
+  int64_t replayed_steps() const { return replayed_; }
 
  private:
   struct PlanOnly {};
@@ -124,9 +128,37 @@ class TrainingRun {
   void run_infer(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types, int batch, int seq,
                  const ForwardOutputs& out);
   // The batch's ids, mask and token types in activation memory (labels too when given).
-  BatchTensors upload(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
-                      const float* labels, bool with_labels, int batch, int seq);
+  BatchTensors take_batch(BufferSource& mem, bool with_labels, int batch, int seq);
+  // Inference: copied straight from the host.
+  void upload(const int32_t* ids, const int32_t* mask, const int32_t* types, BatchTensors& b);
+  // Training: staged (copied ahead on a GPU), with the micro-step that keys dropout.
+  void stage_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
+                   uint64_t dropout_step, const BatchTensors& b, const Tensor& step);
   void run_optimizer_step(BufferSource& mem, double lr, int64_t step);
+  void optimizer_body(BufferSource& mem, const AdamWStep& s);
+
+  // Recorded steps (CUDA graphs, --cuda_graphs): a micro-step shape runs eagerly the first
+  // time (cuBLASLt and cuDNN choose their algorithms by timing then), is recorded the
+  // second time, and is replayed after that. What a replay needs that changes from step
+  // to step is staged into memory it reads: the batch, the dropout step, AdamW's scalars.
+  enum class StepMode : uint8_t { Eager, Record, Replay };
+  struct StepGraphs {
+    int seen = 0;
+    int micro = -1;      // recording ids
+    int optimizer = -1;  // with step-scoped gradients, recorded with its micro-step
+    BatchTensors inputs;  // where the recorded micro-step reads its batch
+    Tensor step;          // and its dropout step
+  };
+  static constexpr size_t kMaxRecordedShapes = 16;
+  StepMode next_mode(StepGraphs& g) const;
+  // Runs body as `mode` says: eagerly, or recorded into `recording` and then replayed.
+  template <typename F>
+  void run_as(StepMode mode, int& recording, F&& body);
+  std::map<std::tuple<int, int, float>, StepGraphs> micro_graphs_;  // by (rows, seq, grad_scale)
+  StepGraphs optimizer_graphs_;  // persistent gradients: one optimizer recording
+  StepGraphs* last_micro_ = nullptr;
+  StepMode last_micro_mode_ = StepMode::Eager;
+  int64_t replayed_ = 0;
   void validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels, int batch,
                       int seq) const;
 
@@ -145,7 +177,13 @@ class TrainingRun {
   float* scaler_host_ = nullptr;
   bool scaler_read_pending_ = false;
   int64_t skipped_steps_ = 0;
-  std::vector<int32_t> int_labels_;  // host staging for class ids
+  // Page-locked host sources of staged values (the dropout step, AdamW's scalars, class
+  // ids as I32), their staging buffers on the device, and AdamW's scalars as it reads them.
+  void* host_staging_ = nullptr;
+  int64_t* host_step_ = nullptr;
+  AdamWScalars* host_adamw_ = nullptr;
+  int32_t* host_labels_ = nullptr;
+  Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_adamw_, adamw_scalars_;
   // Tensor lists of the multi-tensor optimizer ops, refilled each step within their
   // reserved capacity (no allocation).
   std::vector<Tensor> grad_list_;

@@ -48,17 +48,22 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
     HONE_CUDA_CHECK(cudaMalloc(ptr, host.size() * sizeof(uint16_t)));
     HONE_CUDA_CHECK(cudaMemcpy(*ptr, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
   }
-  HONE_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
-  HONE_CUDA_CHECK(cudaEventCreateWithFlags(&read_back_, cudaEventDisableTiming));
+  HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&copied_, &read_back_, &staged_, &taken_})
+    HONE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   for (cudaEvent_t& e : mark_events_) HONE_CUDA_CHECK(cudaEventCreate(&e));
 }
 
 CudaBackend::~CudaBackend() {
   // Destructors must not throw: errors here are ignored (the process is ending the run).
+  abort_recording();
   if (stream_) cudaStreamSynchronize(stream_);
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (const auto& r : recordings_)
+    for (const Segment& g : r) cudaGraphExecDestroy(g.exec);
   cuda::destroy_sdpa_cache(sdpa_);
-  if (copied_) cudaEventDestroy(copied_);
-  if (read_back_) cudaEventDestroy(read_back_);
+  for (cudaEvent_t e : {copied_, read_back_, staged_, taken_})
+    if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : mark_events_)
     if (e) cudaEventDestroy(e);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
@@ -66,6 +71,7 @@ CudaBackend::~CudaBackend() {
   if (ones_f16_) cudaFree(ones_f16_);
   if (reduce_scratch_) cudaFree(reduce_scratch_);
   if (lt_) cublasLtDestroy(lt_);
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -99,6 +105,12 @@ void CudaBackend::deallocate_host(void* p) noexcept { cudaFreeHost(p); }
 
 void CudaBackend::mark(StepSpan s) {
   if (dry_run) return;
+  if (recording_) {  // a new segment, which replay() will mark
+    finish_segment();
+    next_segment_ = {true, s, nullptr};
+    start_segment();
+    return;
+  }
   if (marks_recorded_ - marks_read_ == kMarkRing) read_marks(marks_read_ + 1);  // the oldest, long done
   const int i = int(marks_recorded_ % kMarkRing);
   HONE_CUDA_CHECK(cudaEventRecord(mark_events_[i], stream_));
@@ -126,19 +138,121 @@ SpanSeconds CudaBackend::take_span_seconds() {
   return out;
 }
 
-void CudaBackend::wait_for_copies() { HONE_CUDA_CHECK(cudaEventSynchronize(copied_)); }
+void CudaBackend::wait_for_copies() {
+  HONE_CUDA_CHECK(cudaEventSynchronize(copied_));
+  HONE_CUDA_CHECK(cudaEventSynchronize(staged_));
+}
 
-void CudaBackend::synchronize() { HONE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+  HONE_CHECK(!recording_, "synchronize() while recording a CUDA graph");
+  HONE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  // A recorded copy would read the same host address at every replay: host inputs are
+  // staged outside recordings. Copies to (page-locked) host memory may be recorded.
+  HONE_CHECK(!(recording_ && src.device == Device::CPU), "a copy from host memory while recording a CUDA graph");
   HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
+  if (recording_) return;  // replay() records read_back_
   if (src.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(copied_, stream_));
   if (dst.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(read_back_, stream_));
+}
+
+void CudaBackend::stage(const Tensor& host, Tensor& staging) {
+  HONE_CHECK(!recording_, "stage() while recording a CUDA graph");
+  HONE_CHECK(host.bytes() == staging.bytes(), "stage: {} bytes into a staging buffer of {}", host.bytes(),
+             staging.bytes());
+  HONE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, taken_, 0));  // the staging buffer is free again
+  HONE_CUDA_CHECK(cudaMemcpyAsync(staging.data, host.data, host.bytes(), cudaMemcpyHostToDevice, copy_stream_));
+  HONE_CUDA_CHECK(cudaEventRecord(staged_, copy_stream_));
+}
+
+void CudaBackend::take_staged(const Tensor& staging, Tensor& dst) {
+  HONE_CHECK(!recording_, "take_staged() while recording a CUDA graph");
+  HONE_CHECK(staging.bytes() == dst.bytes(), "take_staged: {} bytes into {}", staging.bytes(), dst.bytes());
+  HONE_CUDA_CHECK(cudaStreamWaitEvent(stream_, staged_, 0));
+  HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, staging.data, staging.bytes(), cudaMemcpyDeviceToDevice, stream_));
+  HONE_CUDA_CHECK(cudaEventRecord(taken_, stream_));
+}
+
+// ThreadLocal: the loader's threads may use CUDA while the training thread records.
+void CudaBackend::start_segment() {
+  HONE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+void CudaBackend::finish_segment() {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("recording the training step as a CUDA graph failed: {} ({}); --cuda_graphs false runs every step "
+         "without graphs",
+         cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  size_t nodes = 0;
+  cudaError_t status = cudaGraphGetNodes(graph, nullptr, &nodes);
+  if (status == cudaSuccess && nodes > 0) {
+    status = cudaGraphInstantiate(&next_segment_.exec, graph, 0);
+    if (status == cudaSuccess) building_.push_back(next_segment_);
+  }
+  cudaGraphDestroy(graph);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail("instantiating a recorded CUDA graph of {} nodes failed: {} ({})", nodes, cudaGetErrorString(status),
+         cudaGetErrorName(status));
+  }
+}
+
+void CudaBackend::begin_recording() {
+  HONE_CHECK(!recording_ && !dry_run, "begin_recording while recording or in a dry run");
+  building_.clear();
+  next_segment_ = {};
+  start_segment();
+  recording_ = true;
+}
+
+int CudaBackend::end_recording() {
+  HONE_CHECK(recording_, "end_recording without begin_recording");
+  try {
+    finish_segment();
+  } catch (...) {
+    recording_ = false;
+    abort_recording();
+    throw;
+  }
+  recording_ = false;
+  recordings_.push_back(std::move(building_));
+  building_.clear();
+  return int(recordings_.size()) - 1;
+}
+
+void CudaBackend::abort_recording() noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (stream_ && cudaStreamIsCapturing(stream_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  cudaGetLastError();
+  for (const Segment& g : building_) cudaGraphExecDestroy(g.exec);
+  building_.clear();
+  recording_ = false;
+}
+
+void CudaBackend::replay(int recording) {
+  HONE_CHECK(!recording_ && recording >= 0 && recording < int(recordings_.size()), "replay of recording {} of {}",
+             recording, recordings_.size());
+  for (const Segment& g : recordings_[size_t(recording)]) {
+    if (g.marks) mark(g.span);
+    HONE_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  }
+  HONE_CUDA_CHECK(cudaEventRecord(read_back_, stream_));
 }
 
 void CudaBackend::wait_for_reads() { HONE_CUDA_CHECK(cudaEventSynchronize(read_back_)); }
 
 void CudaBackend::read(const Tensor& src, float* host, size_t n) {
+  HONE_CHECK(!recording_, "a synchronous read while recording a CUDA graph");
   if (src.dtype == DType::F32) {
     HONE_CUDA_CHECK(cudaMemcpyAsync(host, src.data, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     HONE_CUDA_CHECK(cudaStreamSynchronize(stream_));

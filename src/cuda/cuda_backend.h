@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <vector>
 
 #include "hone/backend.h"
 #include "hone/cuda.h"
@@ -33,6 +34,14 @@ class CudaBackend final : public Backend {
   void deallocate_host(void* p) noexcept override;
   void wait_for_copies() override;
   void wait_for_reads() override;
+  void stage(const Tensor& host, Tensor& staging) override;
+  void take_staged(const Tensor& staging, Tensor& dst) override;
+  bool can_record() const override { return true; }
+  void begin_recording() override;
+  int end_recording() override;
+  void abort_recording() noexcept override;
+  void replay(int recording) override;
+  bool recording() const { return recording_; }
   void mark(StepSpan s) override;
   SpanSeconds take_span_seconds() override;
   void synchronize() override;
@@ -123,6 +132,24 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t copied_ = nullptr;     // recorded after each copy from the host
   cudaEvent_t read_back_ = nullptr;  // recorded after each copy to the host
+  // Staged inputs: copies from the host on their own stream, ordered against the compute
+  // stream by two events.
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t staged_ = nullptr;  // on copy_stream_, after each stage()
+  cudaEvent_t taken_ = nullptr;   // on stream_, after each take_staged()
+
+  // Recordings: each a list of graph segments, split at marks.
+  struct Segment {
+    bool marks = false;  // replay marks `span` before launching (false: the span running goes on)
+    StepSpan span = StepSpan::Other;
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::vector<std::vector<Segment>> recordings_;
+  std::vector<Segment> building_;
+  Segment next_segment_;
+  bool recording_ = false;
+  void start_segment();
+  void finish_segment();
   // Step marks: a ring of timing events, each span read once the next mark has passed,
   // so reading never waits for recent work.
   static constexpr int kMarkRing = 256;

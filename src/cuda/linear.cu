@@ -162,6 +162,8 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
            ta ? 'T' : 'N', tb ? 'T' : 'N', g.bias ? ", bias" : "", int(g.ab_type), int(g.d_type));
     cublasLtMatmulHeuristicResult_t result = results[0];
     if (found > 1) {
+      HONE_CHECK(!recording_, "a {}x{}x{} product first seen while recording a CUDA graph: its algorithm is chosen "
+                 "by timing, which a recording cannot do", g.m, g.n, g.k);
       cudaEvent_t start = nullptr, stop = nullptr;
       HONE_CUDA_CHECK(cudaEventCreate(&start));
       HONE_CUDA_CHECK(cudaEventCreate(&stop));

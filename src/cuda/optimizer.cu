@@ -100,11 +100,6 @@ __global__ void clip_coefficient_kernel(const float* sumsq, float max_norm, floa
   }
 }
 
-// The step's scalars, computed on the host in double as the CPU backend does.
-struct AdamWScalars {
-  float step_size, bias2_sqrt, w1, w2, b2, eps;
-};
-
 // The dtype of a slice's rounded copy of the parameters.
 enum class HalfCopy : uint8_t { None, BF16, F16 };
 
@@ -115,7 +110,8 @@ struct AdamWList {
   float* v[kMaxTensorList];
   void* half[kMaxTensorList];
   int64_t n[kMaxTensorList];
-  float decay[kMaxTensorList];  // 1 - lr * weight_decay of each slice
+  float decay[kMaxTensorList];  // 1 - lr * weight_decay of each slice, unless decay_from_step
+  bool decay_from_step[kMaxTensorList];  // the slice's decay is the step's scalars' (in memory)
   HalfCopy half_type[kMaxTensorList];
   bool vec[kMaxTensorList];  // 16-byte F32 access and 8-byte access to the half copy
 };
@@ -149,14 +145,18 @@ __device__ __forceinline__ void store4_half(void* dst, int64_t i, int64_t n, boo
 // The CPU's update, operation for operation. The _rn intrinsics forbid FMA contraction
 // and the default sqrtf and division are correctly rounded, so every element rounds
 // exactly as the CPU reference (which is built without FMA).
-__global__ void adamw_kernel(AdamWList list, AdamWScalars s, const float* norm_coef) {
+// The step's scalars come by value, or from memory (step_scalars) when a replayed graph
+// must read the current update's.
+__global__ void adamw_kernel(AdamWList list, AdamWScalars by_value, const AdamWScalars* step_scalars,
+                             const float* norm_coef) {
   if (norm_coef[2] != 0.0f) return;  // a skipped step: the gradients overflowed
+  const AdamWScalars s = step_scalars ? *step_scalars : by_value;
   const int t = blockIdx.y;
   float *param = list.param[t], *m = list.m[t], *v = list.v[t];
   const float* grad = list.grad[t];
   const int64_t n = list.n[t];
   const bool vec = list.vec[t];
-  const float decay = list.decay[t];
+  const float decay = list.decay_from_step[t] ? s.decay : list.decay[t];
   const float clip = norm_coef[1];
   const int64_t groups = cuda::groups_of_4(n);
   for (int64_t gi = cuda::grid_start(); gi < groups; gi += cuda::grid_stride()) {
@@ -210,16 +210,8 @@ void CudaBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& 
 }
 
 void CudaBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
-  // As src/ops/optimizer.cpp: the step's scalars in double, as torch computes them from
-  // Python floats, then rounded to float once.
-  const double lr = s.lr;
-  AdamWScalars k;
-  k.step_size = float(lr / (1.0 - std::pow(double(s.beta1), double(s.step))));
-  k.bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
-  k.w1 = float(1.0 - s.beta1);
-  k.w2 = float(1.0 - s.beta2);
-  k.b2 = float(s.beta2);
-  k.eps = float(s.eps);
+  const AdamWScalars k = adamw_scalars(s);
+  const auto* in_memory = s.scalars ? reinterpret_cast<const AdamWScalars*>(s.scalars->f32()) : nullptr;
   AdamWList list{};
   int64_t longest = 0;
   for (int t = 0; t < count; ++t) {
@@ -229,7 +221,8 @@ void CudaBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s,
     list.m[t] = x.m.f32();
     list.v[t] = x.v.f32();
     list.n[t] = x.param.numel();
-    list.decay[t] = float(1.0 - lr * x.weight_decay);
+    list.decay[t] = x.weight_decay == 0 ? 1.0f : float(1.0 - s.lr * x.weight_decay);
+    list.decay_from_step[t] = in_memory && x.weight_decay != 0;
     list.half[t] = x.half.data;
     list.half_type[t] = half_copy(x.half);
     list.vec[t] = cuda::aligned16(list.param[t]) && cuda::aligned16(list.grad[t]) && cuda::aligned16(list.m[t]) &&
@@ -241,7 +234,7 @@ void CudaBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s,
   constexpr int kMaxBlocksPerTensor = 2048;
   const int per_tensor = std::min(cuda::blocks_for(cuda::groups_of_4(longest)), kMaxBlocksPerTensor);
   adamw_kernel<<<dim3(per_tensor, count), cuda::kThreads, 0, stream()>>>(
-      list, k, norm_coef.f32());
+      list, k, in_memory, norm_coef.f32());
   HONE_CUDA_LAUNCH_CHECK();
 }
 

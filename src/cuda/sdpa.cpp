@@ -622,6 +622,10 @@ struct SdpaCache {
     if (!p.plan) {
       p.plan = p.candidates.front();
       if (p.candidates.size() > 1) {
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        HONE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+        HONE_CHECK(capturing == cudaStreamCaptureStatusNone, "{}: first used while recording a CUDA graph; its plan is "
+                   "chosen by timing, which a recording cannot do", p.descs.context());
         cudaEvent_t start = nullptr, stop = nullptr;
         HONE_CUDA_CHECK(cudaEventCreate(&start));
         HONE_CUDA_CHECK(cudaEventCreate(&stop));

@@ -63,6 +63,10 @@ void Backend::mark(StepSpan s) {
   span_ = s;
 }
 
+void Backend::begin_recording() { fail("the {} backend cannot record steps", name()); }
+int Backend::end_recording() { fail("the {} backend cannot record steps", name()); }
+void Backend::replay(int) { fail("the {} backend cannot replay steps", name()); }
+
 SpanSeconds Backend::take_span_seconds() {
   synchronize();
   mark(span_);  // closes the running span, which goes on

@@ -52,12 +52,31 @@ void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s,
   }
   detail::expect("adamw", "norm_coef", norm_coef, DType::F32, {kNormCoefSize});
   if (s.step < 1) fail("adamw: step is {}, expected >= 1", s.step);
+  if (s.scalars) {
+    detail::expect("adamw", "scalars", *s.scalars, DType::F32, {kAdamWScalarsSize});
+    for (int i = 0; i < count; ++i)
+      if (slices[i].weight_decay != 0 && slices[i].weight_decay != s.weight_decay)
+        fail("adamw: slice {} has weight decay {}; with scalars in memory each slice has 0 or the step's {}", i,
+             slices[i].weight_decay, s.weight_decay);
+  }
   if (be.dry_run) return;
   for (int first = 0; first < count; first += kMaxTensorList)
     be.adamw(slices + first, std::min(kMaxTensorList, count - first), s, norm_coef);
 }
 
 }  // namespace ops
+
+AdamWScalars adamw_scalars(const AdamWStep& s) {
+  AdamWScalars k;
+  k.step_size = float(s.lr / (1.0 - std::pow(s.beta1, double(s.step))));
+  k.bias2_sqrt = float(std::sqrt(1.0 - std::pow(s.beta2, double(s.step))));
+  k.w1 = float(1.0 - s.beta1);
+  k.w2 = float(1.0 - s.beta2);
+  k.b2 = float(s.beta2);
+  k.eps = float(s.eps);
+  k.decay = float(1.0 - s.lr * s.weight_decay);
+  return k;
+}
 
 void CpuBackend::sum_squares(const Tensor* xs, int count, Tensor& out) {
   float* o = out.f32();
@@ -104,17 +123,13 @@ void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& n
 }
 
 void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
-  // The step's scalars in double, as torch computes them from Python floats.
-  const double lr = s.lr;
-  const float step_size = float(lr / (1.0 - std::pow(double(s.beta1), double(s.step))));
-  const float bias2_sqrt = float(std::sqrt(1.0 - std::pow(double(s.beta2), double(s.step))));
-  const float w1 = float(1.0 - s.beta1), w2 = float(1.0 - s.beta2), b2 = float(s.beta2);
-  const float eps = float(s.eps);
+  const AdamWScalars k = s.scalars ? *reinterpret_cast<const AdamWScalars*>(s.scalars->f32()) : adamw_scalars(s);
+  const float step_size = k.step_size, bias2_sqrt = k.bias2_sqrt, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
   if (norm_coef.f32()[2] != 0) return;  // a skipped step: the gradients overflowed
   const float clip = norm_coef.f32()[1];
   for (int t = 0; t < count; ++t) {
     const AdamWSlice& x = slices[t];
-    const float decay = float(1.0 - lr * x.weight_decay);
+    const float decay = x.weight_decay == 0 ? 1.0f : s.scalars ? k.decay : float(1.0 - s.lr * x.weight_decay);
     float *pp = x.param.f32(), *mp = x.m.f32(), *vp = x.v.f32();
     const float* gp = x.grad.f32();
     const int64_t n = x.param.numel();

@@ -120,6 +120,8 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add_bool(app, "bf16", a.bf16, "bf16 mixed precision (CUDA): fp32 master weights, bf16 products and activations");
   add_bool(app, "fp16", a.fp16, "fp16 mixed precision (CUDA) with dynamic loss scaling");
   add(app, "device", a.device, "auto, cpu or cuda");
+  add_bool(app, "cuda_graphs", a.cuda_graphs,
+           "Replay each repeated training step as a CUDA graph, without launching its kernels one by one (CUDA)");
   add(app, "threads", a.threads, "CPU threads; 0 = all cores");
 }
 

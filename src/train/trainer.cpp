@@ -56,7 +56,6 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
-  int_labels_.resize(size_t(a.per_device_train_batch_size));
   grad_list_.reserve(model_->layout().groups().size());
   adamw_list_.reserve(2 * model_->layout().groups().size());
 }
@@ -69,6 +68,11 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   setup(*mem_);
   mem_->end_phase();
   if (phases_.train) {
+    const size_t labels_at = sizeof(int64_t) + sizeof(AdamWScalars);
+    host_staging_ = be_.allocate_host(labels_at + sizeof(int32_t) * size_t(a.per_device_train_batch_size));
+    host_step_ = static_cast<int64_t*>(host_staging_);
+    host_adamw_ = reinterpret_cast<AdamWScalars*>(static_cast<char*>(host_staging_) + sizeof(int64_t));
+    host_labels_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_staging_) + labels_at);
     for (Tensor* t : {&adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
     if (!scoped_grads_)
       for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
@@ -81,6 +85,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
 
 TrainingRun::~TrainingRun() {
   if (scaler_host_) be_.deallocate_host(scaler_host_);
+  if (host_staging_) be_.deallocate_host(host_staging_);
 }
 
 MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
@@ -123,6 +128,16 @@ void TrainingRun::setup(BufferSource& mem) {
   sumsq_ = mem.take(Category::Workspace, "grad_sum_squares", -1, DType::F32, {1});
   norm_coef_ = mem.take(Category::Workspace, "grad_norm_and_clip", -1, DType::F32, {kNormCoefSize});
   if (loss_scaling()) scaler_ = mem.take(Category::Workspace, "loss_scaler", -1, DType::F32, {kScalerSize});
+  const int B = args_.per_device_train_batch_size;
+  const int64_t T = int64_t(B) * seq_;
+  staged_ids_ = mem.take(Category::Workspace, "staged_input_ids", -1, DType::I32, {T});
+  staged_mask_ = mem.take(Category::Workspace, "staged_attention_mask", -1, DType::I32, {T});
+  staged_types_ = mem.take(Category::Workspace, "staged_token_type_ids", -1, DType::I32, {T});
+  staged_labels_ =
+      mem.take(Category::Workspace, "staged_labels", -1, model_->regression() ? DType::F32 : DType::I32, {B});
+  staged_step_ = mem.take(Category::Workspace, "staged_dropout_step", -1, DType::I64, {1});
+  staged_adamw_ = mem.take(Category::Workspace, "staged_adamw_scalars", -1, DType::F32, {kAdamWScalarsSize});
+  adamw_scalars_ = mem.take(Category::Workspace, "adamw_scalars", -1, DType::F32, {kAdamWScalarsSize});
 }
 
 float* TrainingRun::host_weights() {
@@ -222,27 +237,69 @@ void TrainingRun::infer(const Batch& b, const ForwardOutputs& out) {
   run_infer(*mem_, b.ids, b.mask, b.types, b.rows, b.seq, out);
 }
 
-BatchTensors TrainingRun::upload(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
-                                 const float* labels, bool with_labels, int batch, int seq) {
-  const bool regression = model_->regression();
+BatchTensors TrainingRun::take_batch(BufferSource& mem, bool with_labels, int batch, int seq) {
   const int64_t T = int64_t(batch) * seq;
   BatchTensors b{batch, seq, mem.take(Category::Activations, "input_ids", -1, DType::I32, {T}),
                  mem.take(Category::Activations, "attention_mask", -1, DType::I32, {batch, seq}),
                  mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T}), Tensor{}};
   if (with_labels)
-    b.labels = mem.take(Category::Activations, "labels", -1, regression ? DType::F32 : DType::I32, {batch});
-  if (be_.dry_run) return b;
-  auto host = host_tensor;
-  ops::copy(be_, host(ids, DType::I32, {T}), b.input_ids);
-  ops::copy(be_, host(mask, DType::I32, {batch, seq}), b.attention_mask);
-  ops::copy(be_, host(types, DType::I32, {T}), b.token_type_ids);
-  if (with_labels) {
-    if (!regression)
-      for (int i = 0; i < batch; ++i) int_labels_[size_t(i)] = int32_t(labels[i]);
-    ops::copy(be_, regression ? host(labels, DType::F32, {batch}) : host(int_labels_.data(), DType::I32, {batch}),
-              b.labels);
-  }
+    b.labels =
+        mem.take(Category::Activations, "labels", -1, model_->regression() ? DType::F32 : DType::I32, {batch});
   return b;
+}
+
+void TrainingRun::upload(const int32_t* ids, const int32_t* mask, const int32_t* types, BatchTensors& b) {
+  const int64_t T = int64_t(b.batch) * b.seq;
+  ops::copy(be_, host_tensor(ids, DType::I32, {T}), b.input_ids);
+  ops::copy(be_, host_tensor(mask, DType::I32, {b.batch, b.seq}), b.attention_mask);
+  ops::copy(be_, host_tensor(types, DType::I32, {T}), b.token_type_ids);
+}
+
+void TrainingRun::stage_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
+                              uint64_t dropout_step, const BatchTensors& b, const Tensor& step) {
+  const int64_t T = int64_t(b.batch) * b.seq;
+  const bool regression = model_->regression();
+  be_.wait_for_copies();  // the last staged values have left the host buffers
+  *host_step_ = int64_t(dropout_step);
+  if (!regression)
+    for (int i = 0; i < b.batch; ++i) host_labels_[i] = int32_t(labels[i]);
+  const auto host = host_tensor;
+  const std::pair<Tensor, Tensor> moves[] = {
+      {host(ids, DType::I32, {T}), staged_ids_.rows(0, T)},
+      {host(mask, DType::I32, {T}), staged_mask_.rows(0, T)},
+      {host(types, DType::I32, {T}), staged_types_.rows(0, T)},
+      {regression ? host(labels, DType::F32, {b.batch}) : host(host_labels_, DType::I32, {b.batch}),
+       staged_labels_.rows(0, b.batch)},
+      {host(host_step_, DType::I64, {1}), staged_step_}};
+  for (auto [src, staging] : moves) be_.stage(src, staging);
+  const Tensor* dsts[] = {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &step};
+  for (size_t i = 0; i < std::size(moves); ++i) {
+    Tensor dst = *dsts[i];
+    be_.take_staged(moves[i].second, dst);
+  }
+}
+
+TrainingRun::StepMode TrainingRun::next_mode(StepGraphs& g) const {
+  const int seen = g.seen++;
+  return seen == 0 ? StepMode::Eager : seen == 1 ? StepMode::Record : StepMode::Replay;
+}
+
+template <typename F>
+void TrainingRun::run_as(StepMode mode, int& recording, F&& body) {
+  if (mode == StepMode::Eager) return body();
+  if (mode == StepMode::Record) {
+    be_.begin_recording();
+    try {
+      body();
+      recording = be_.end_recording();
+    } catch (...) {
+      be_.abort_recording();
+      throw;
+    }
+  } else {
+    ++replayed_;
+  }
+  be_.replay(recording);  // recording runs nothing, so a recorded step runs now too
 }
 
 void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
@@ -255,15 +312,37 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
   // Before the phase opens, so that a refused batch leaves the run usable.
   if (!be_.dry_run) validate_batch(ids, mask, types, labels, batch, seq);
+  last_micro_ = nullptr;
+  last_micro_mode_ = StepMode::Eager;
+  // Logits for the host are read eagerly; so are shapes past the recordings' cap.
+  const std::tuple key{batch, seq, grad_scale};
+  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out &&
+      (micro_graphs_.size() < kMaxRecordedShapes || micro_graphs_.count(key))) {
+    last_micro_ = &micro_graphs_[key];
+    last_micro_mode_ = next_mode(*last_micro_);
+  }
+  if (last_micro_mode_ == StepMode::Replay) {
+    be_.mark(StepSpan::Forward);
+    stage_batch(ids, mask, types, labels, dropout_step, last_micro_->inputs, last_micro_->step);
+    run_as(StepMode::Replay, last_micro_->micro, [] {});
+    step_open_ = scoped_grads_;
+    return;
+  }
   mem.begin_phase(Phase::MicroStep);
   be_.mark(StepSpan::Forward);
-  BatchTensors b = upload(mem, ids, mask, types, labels, true, batch, seq);
+  BatchTensors b = take_batch(mem, true, batch, seq);
+  Tensor step = mem.take(Category::Activations, "dropout_step", -1, DType::I64, {1});
+  if (!be_.dry_run) stage_batch(ids, mask, types, labels, dropout_step, b, step);
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
-  model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true}, grad_scale,
-                           loss_scaling() ? &scaler_ : nullptr, loss, logits_out);
-  ops::add_scaled(be_, loss, grad_scale, loss_sum_);
+  int unused = -1;
+  run_as(last_micro_mode_, last_micro_ ? last_micro_->micro : unused, [&] {
+    model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true, step.ptr<int64_t>()},
+                             grad_scale, loss_scaling() ? &scaler_ : nullptr, loss, logits_out);
+    ops::add_scaled(be_, loss, grad_scale, loss_sum_);
+  });
+  if (last_micro_) last_micro_->inputs = b, last_micro_->step = step;
   mem.release(loss);
-  for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels}) mem.release(*t);
+  for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &step}) mem.release(*t);
   if (scoped_grads_)
     step_open_ = true;
   else
@@ -278,7 +357,8 @@ void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t
   HONE_CHECK(!step_open_, "inference between a micro_step and its optimizer_step");
   if (!be_.dry_run) validate_batch(ids, mask, types, nullptr, batch, seq);
   mem.begin_phase(Phase::Inference);
-  BatchTensors b = upload(mem, ids, mask, types, nullptr, false, batch, seq);
+  BatchTensors b = take_batch(mem, false, batch, seq);
+  if (!be_.dry_run) upload(ids, mask, types, b);
   model_->forward(be_, mem, b, out);
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids}) mem.release(*t);
   mem.end_phase();
@@ -287,18 +367,43 @@ void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t
 void TrainingRun::optimizer_step(double lr, int64_t step) { run_optimizer_step(*mem_, lr, step); }
 
 void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step) {
+  // With step-scoped gradients the optimizer step runs as its micro-step did (a replayed
+  // micro-step opened no memory phase); otherwise it is recorded on its own.
+  StepGraphs* graphs = scoped_grads_ ? last_micro_ : nullptr;
+  StepMode mode = scoped_grads_ ? last_micro_mode_ : StepMode::Eager;
   if (scoped_grads_) {
     HONE_CHECK(step_open_, "optimizer_step without a micro_step before it");
-  } else {
-    mem.begin_phase(Phase::OptimizerStep);
+  } else if (args_.cuda_graphs && be_.can_record() && !be_.dry_run) {
+    graphs = &optimizer_graphs_;
+    mode = next_mode(*graphs);
   }
+  if (!scoped_grads_ && mode != StepMode::Replay) mem.begin_phase(Phase::OptimizerStep);
   be_.mark(StepSpan::Optimizer);
+  const AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step,
+                    &adamw_scalars_};
+  if (!be_.dry_run) {
+    be_.wait_for_copies();  // the last step's scalars have left the host buffer
+    *host_adamw_ = adamw_scalars(s);
+    be_.stage(host_tensor(host_adamw_, DType::F32, {kAdamWScalarsSize}), staged_adamw_);
+    be_.take_staged(staged_adamw_, adamw_scalars_);
+  }
+  int unused = -1;
+  run_as(mode, graphs ? graphs->optimizer : unused, [&] { optimizer_body(mem, s); });
+  // Whether this step was skipped, and the new scale: read back once the next micro-step
+  // is queued (skipped_steps), so the GPU never idles waiting on the host.
+  if (loss_scaling() && !be_.dry_run) scaler_read_pending_ = true;
+  step_open_ = false;
+  be_.mark(StepSpan::Other);
+  if (mode != StepMode::Replay) mem.end_phase();
+}
+
+// Clip, AdamW and zeroed gradients: everything an optimizer step queues on the device.
+void TrainingRun::optimizer_body(BufferSource& mem, const AdamWStep& s) {
   const auto& groups = model_->layout().groups();
   Tensor& weights = model_->weights();
   const Tensor& half = model_->compute_weights();
   grad_list_.clear();
   adamw_list_.clear();
-  const AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step};
   for (int k = 0; k < model_->num_groups(); ++k) {
     const ParamGroup& pg = groups[size_t(k)];
     const Tensor& grad = model_->grad(k);
@@ -316,21 +421,14 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_, loss_scaling() ? &scaler_ : nullptr);
   ops::adamw(be_, adamw_list_.data(), int(adamw_list_.size()), s, norm_coef_);
   if (loss_scaling() && !be_.dry_run) {
-    // Whether this step was skipped, and the new scale: read back once the next
-    // micro-step is queued (skipped_steps), so the GPU never idles waiting on the host.
     Tensor skipped = host_tensor(scaler_host_, DType::F32, {1}), state = host_tensor(scaler_host_ + 1, DType::F32, {2});
     ops::copy(be_, norm_coef_.rows(2, 3), skipped);
     ops::copy(be_, scaler_, state);
-    scaler_read_pending_ = true;
   }
-  if (scoped_grads_) {
+  if (scoped_grads_)
     model_->release_grads(mem);
-    step_open_ = false;
-  } else {
+  else
     for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
-  }
-  be_.mark(StepSpan::Other);
-  mem.end_phase();
 }
 
 double TrainingRun::take_loss_sum() {
