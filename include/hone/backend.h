@@ -157,6 +157,7 @@ class Backend {
   virtual int end_recording();  // the recording's id
   virtual void abort_recording() noexcept {}  // after an error while recording: drops it
   virtual void replay(int recording);
+  virtual void free_recording(int) noexcept {}  // a recording no longer wanted
 
   // Step timing, for the summary's time split: the wall clock between marks on the CPU;
   // events on the stream on a GPU, read without stalling it. No-ops in a dry run.

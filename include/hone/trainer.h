@@ -144,16 +144,21 @@ class TrainingRun {
   enum class StepMode : uint8_t { Eager, Record, Replay };
   struct StepGraphs {
     int seen = 0;
-    int micro = -1;      // recording ids
-    int optimizer = -1;  // with step-scoped gradients, recorded with its micro-step
-    BatchTensors inputs;  // where the recorded micro-step reads its batch
-    Tensor step;          // and its dropout step
+    bool recorded = false;  // recordings made (or being made): replay from now on
+    bool failed = false;    // recording failed: eager from now on
+    int micro = -1;         // recording ids
+    int optimizer = -1;     // with step-scoped gradients, recorded with its micro-step
+    BatchTensors inputs;    // where the recorded micro-step reads its batch
+    Tensor step;            // and its dropout step
   };
-  static constexpr size_t kMaxRecordedShapes = 16;
-  StepMode next_mode(StepGraphs& g) const;
-  // Runs body as `mode` says: eagerly, or recorded into `recording` and then replayed.
+  // Recordings are made for this many shapes at most (dynamic padding can make dozens);
+  // the others run eagerly.
+  static constexpr int kMaxRecordedShapes = 16;
+  int recorded_shapes_ = 0;
+  StepMode next_mode(StepGraphs& g);
+  // Runs body as `mode` says: eagerly, or recorded into g.*recording and then replayed.
   template <typename F>
-  void run_as(StepMode mode, int& recording, F&& body);
+  void run_as(StepMode mode, StepGraphs* g, int StepGraphs::*recording, F&& body);
   std::map<std::tuple<int, int, float>, StepGraphs> micro_graphs_;  // by (rows, seq, grad_scale)
   StepGraphs optimizer_graphs_;  // persistent gradients: one optimizer recording
   StepGraphs* last_micro_ = nullptr;

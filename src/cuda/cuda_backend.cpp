@@ -59,8 +59,7 @@ CudaBackend::~CudaBackend() {
   abort_recording();
   if (stream_) cudaStreamSynchronize(stream_);
   if (copy_stream_) cudaStreamSynchronize(copy_stream_);
-  for (const auto& r : recordings_)
-    for (const Segment& g : r) cudaGraphExecDestroy(g.exec);
+  for (Recording& r : recordings_) destroy(r);
   cuda::destroy_sdpa_cache(sdpa_);
   for (cudaEvent_t e : {copied_, read_back_, staged_, taken_})
     if (e) cudaEventDestroy(e);
@@ -153,7 +152,10 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   // staged outside recordings. Copies to (page-locked) host memory may be recorded.
   HONE_CHECK(!(recording_ && src.device == Device::CPU), "a copy from host memory while recording a CUDA graph");
   HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, stream_));
-  if (recording_) return;  // replay() records read_back_
+  if (recording_) {  // replay() records read_back_
+    building_.reads_host |= dst.device == Device::CPU;
+    return;
+  }
   if (src.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(copied_, stream_));
   if (dst.device == Device::CPU) HONE_CUDA_CHECK(cudaEventRecord(read_back_, stream_));
 }
@@ -191,10 +193,9 @@ void CudaBackend::finish_segment() {
   }
   size_t nodes = 0;
   cudaError_t status = cudaGraphGetNodes(graph, nullptr, &nodes);
-  if (status == cudaSuccess && nodes > 0) {
-    status = cudaGraphInstantiate(&next_segment_.exec, graph, 0);
-    if (status == cudaSuccess) building_.push_back(next_segment_);
-  }
+  next_segment_.exec = nullptr;
+  if (status == cudaSuccess && nodes > 0) status = cudaGraphInstantiate(&next_segment_.exec, graph, 0);
+  if (status == cudaSuccess) building_.segments.push_back(next_segment_);
   cudaGraphDestroy(graph);
   if (status != cudaSuccess) {
     cudaGetLastError();
@@ -205,7 +206,7 @@ void CudaBackend::finish_segment() {
 
 void CudaBackend::begin_recording() {
   HONE_CHECK(!recording_ && !dry_run, "begin_recording while recording or in a dry run");
-  building_.clear();
+  building_ = {};
   next_segment_ = {};
   start_segment();
   recording_ = true;
@@ -222,8 +223,18 @@ int CudaBackend::end_recording() {
   }
   recording_ = false;
   recordings_.push_back(std::move(building_));
-  building_.clear();
+  building_ = {};
   return int(recordings_.size()) - 1;
+}
+
+void CudaBackend::destroy(Recording& r) noexcept {
+  for (const Segment& g : r.segments)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  r = {};
+}
+
+void CudaBackend::free_recording(int recording) noexcept {
+  if (recording >= 0 && recording < int(recordings_.size())) destroy(recordings_[size_t(recording)]);
 }
 
 void CudaBackend::abort_recording() noexcept {
@@ -234,19 +245,22 @@ void CudaBackend::abort_recording() noexcept {
     if (graph) cudaGraphDestroy(graph);
   }
   cudaGetLastError();
-  for (const Segment& g : building_) cudaGraphExecDestroy(g.exec);
-  building_.clear();
+  destroy(building_);
   recording_ = false;
 }
 
 void CudaBackend::replay(int recording) {
-  HONE_CHECK(!recording_ && recording >= 0 && recording < int(recordings_.size()), "replay of recording {} of {}",
-             recording, recordings_.size());
-  for (const Segment& g : recordings_[size_t(recording)]) {
+  HONE_CHECK(!recording_ && recording >= 0 && recording < int(recordings_.size()) &&
+                 !recordings_[size_t(recording)].segments.empty(),
+             "replay of recording {}: there is no such recording", recording);
+  const Recording& r = recordings_[size_t(recording)];
+  for (const Segment& g : r.segments) {
     if (g.marks) mark(g.span);
-    HONE_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+    if (g.exec) HONE_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
   }
-  HONE_CUDA_CHECK(cudaEventRecord(read_back_, stream_));
+  // Only recordings that read to the host: a read_back_ after every replay would make
+  // wait_for_reads() wait for the micro-step just queued.
+  if (r.reads_host) HONE_CUDA_CHECK(cudaEventRecord(read_back_, stream_));
 }
 
 void CudaBackend::wait_for_reads() { HONE_CUDA_CHECK(cudaEventSynchronize(read_back_)); }

@@ -7,6 +7,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,7 @@ class CudaBackend final : public Backend {
   int end_recording() override;
   void abort_recording() noexcept override;
   void replay(int recording) override;
+  void free_recording(int recording) noexcept override;
   bool recording() const { return recording_; }
   void mark(StepSpan s) override;
   SpanSeconds take_span_seconds() override;
@@ -142,12 +145,17 @@ class CudaBackend final : public Backend {
   struct Segment {
     bool marks = false;  // replay marks `span` before launching (false: the span running goes on)
     StepSpan span = StepSpan::Other;
-    cudaGraphExec_t exec = nullptr;
+    cudaGraphExec_t exec = nullptr;  // null: an empty segment, only marked
   };
-  std::vector<std::vector<Segment>> recordings_;
-  std::vector<Segment> building_;
+  struct Recording {
+    std::vector<Segment> segments;
+    bool reads_host = false;  // holds copies to host memory, which wait_for_reads() awaits
+  };
+  std::vector<Recording> recordings_;  // freed ones are empty
+  Recording building_;
   Segment next_segment_;
   bool recording_ = false;
+  void destroy(Recording& r) noexcept;
   void start_segment();
   void finish_segment();
   // Step marks: a ring of timing events, each span read once the next mark has passed,
@@ -163,16 +171,11 @@ class CudaBackend final : public Backend {
   void* ones_f16_ = nullptr;
   void* reduce_scratch_ = nullptr;
 
-  // linear.cu state: the cuBLASLt algorithm the heuristic chose for each problem seen
-  // (the query costs far more than the product for small shapes), round-robin when full.
+  // linear.cu state: the cuBLASLt algorithm chosen for each problem seen (the query costs
+  // far more than the product for small shapes). Never evicted: a recorded step may only
+  // meet products already chosen, since choosing times candidates.
   static constexpr int kLtKey = 19;
-  struct LtAlgo {
-    int64_t key[kLtKey];
-    cublasLtMatmulAlgo_t algo;
-  };
-  static constexpr int kLtAlgoCache = 64;
-  LtAlgo lt_algos_[kLtAlgoCache] = {};
-  int lt_algo_count_ = 0;
+  std::map<std::array<int64_t, kLtKey>, cublasLtMatmulAlgo_t> lt_algos_;
 
   // attention.cu: cuDNN's handle and fused-attention plans, made on the first BF16/F16
   // attention call; freed by the destructor (cuda::destroy_sdpa_cache).

@@ -12,7 +12,6 @@
 // in F32; dw and db stay F32 (the weight-gradient product reads half A/B and adds into an
 // F32 D).
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -119,12 +118,11 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
 
   const uint32_t align_a = alignment(g.a), align_b = alignment(g.b), align_d = alignment(g.d);
   // alignment(nullptr) is 256, hence the flag for the bias.
-  const int64_t key[kLtKey] = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b, align_d,
-                               alignment(g.bias), g.lda, g.ldb, g.ldd, g.batch, g.stride_a, g.stride_b,
-                               g.stride_d, g.ab_type, g.d_type};
+  const std::array<int64_t, kLtKey> key = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b,
+                                           align_d, alignment(g.bias), g.lda, g.ldb, g.ldd, g.batch, g.stride_a,
+                                           g.stride_b, g.stride_d, g.ab_type, g.d_type};
   const cublasLtMatmulAlgo_t* algo = nullptr;
-  for (int i = 0; i < std::min(lt_algo_count_, kLtAlgoCache) && !algo; ++i)
-    if (std::memcmp(lt_algos_[i].key, key, sizeof(key)) == 0) algo = &lt_algos_[i].algo;
+  if (auto it = lt_algos_.find(key); it != lt_algos_.end()) algo = &it->second;
   if (!algo) {
     cublasLtMatmulPreferenceOpaque_t pref_storage;
     cublasLtMatmulPreference_t pref = &pref_storage;
@@ -163,7 +161,7 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
     cublasLtMatmulHeuristicResult_t result = results[0];
     if (found > 1) {
       HONE_CHECK(!recording_, "a {}x{}x{} product first seen while recording a CUDA graph: its algorithm is chosen "
-                 "by timing, which a recording cannot do", g.m, g.n, g.k);
+                 "by timing, which a recording cannot do (--cuda_graphs false runs without graphs)", g.m, g.n, g.k);
       cudaEvent_t start = nullptr, stop = nullptr;
       HONE_CUDA_CHECK(cudaEventCreate(&start));
       HONE_CUDA_CHECK(cudaEventCreate(&stop));
@@ -185,10 +183,7 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     }
-    LtAlgo& slot = lt_algos_[lt_algo_count_++ % kLtAlgoCache];
-    std::memcpy(slot.key, key, sizeof(key));
-    slot.algo = result.algo;
-    algo = &slot.algo;
+    algo = &lt_algos_.emplace(key, result.algo).first->second;
   }
   HONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &g.alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, algo,
                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));

@@ -625,7 +625,8 @@ struct SdpaCache {
         cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
         HONE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
         HONE_CHECK(capturing == cudaStreamCaptureStatusNone, "{}: first used while recording a CUDA graph; its plan is "
-                   "chosen by timing, which a recording cannot do", p.descs.context());
+                   "chosen by timing, which a recording cannot do (--cuda_graphs false runs without graphs)",
+                   p.descs.context());
         cudaEvent_t start = nullptr, stop = nullptr;
         HONE_CUDA_CHECK(cudaEventCreate(&start));
         HONE_CUDA_CHECK(cudaEventCreate(&stop));

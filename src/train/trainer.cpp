@@ -84,6 +84,15 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
 }
 
 TrainingRun::~TrainingRun() {
+  for (auto& [key, g] : micro_graphs_) {
+    be_.free_recording(g.micro);
+    be_.free_recording(g.optimizer);
+  }
+  be_.free_recording(optimizer_graphs_.optimizer);
+  try {
+    be_.wait_for_copies();  // staged copies may still read host_staging_
+  } catch (...) {  // a destructor does not throw; the device is failing anyway
+  }
   if (scaler_host_) be_.deallocate_host(scaler_host_);
   if (host_staging_) be_.deallocate_host(host_staging_);
 }
@@ -279,27 +288,33 @@ void TrainingRun::stage_batch(const int32_t* ids, const int32_t* mask, const int
   }
 }
 
-TrainingRun::StepMode TrainingRun::next_mode(StepGraphs& g) const {
-  const int seen = g.seen++;
-  return seen == 0 ? StepMode::Eager : seen == 1 ? StepMode::Record : StepMode::Replay;
+TrainingRun::StepMode TrainingRun::next_mode(StepGraphs& g) {
+  if (g.failed) return StepMode::Eager;
+  if (g.recorded) return StepMode::Replay;
+  if (g.seen++ == 0 || recorded_shapes_ == kMaxRecordedShapes) return StepMode::Eager;
+  ++recorded_shapes_;
+  g.recorded = true;
+  return StepMode::Record;
 }
 
 template <typename F>
-void TrainingRun::run_as(StepMode mode, int& recording, F&& body) {
+void TrainingRun::run_as(StepMode mode, StepGraphs* g, int StepGraphs::*recording, F&& body) {
   if (mode == StepMode::Eager) return body();
+  int& id = g->*recording;
   if (mode == StepMode::Record) {
     be_.begin_recording();
     try {
       body();
-      recording = be_.end_recording();
+      id = be_.end_recording();
     } catch (...) {
       be_.abort_recording();
+      g->failed = true;  // the error ends this call; should the caller go on, the shape runs eagerly
       throw;
     }
   } else {
     ++replayed_;
   }
-  be_.replay(recording);  // recording runs nothing, so a recorded step runs now too
+  be_.replay(id);  // recording runs nothing, so a recorded step runs now too
 }
 
 void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
@@ -315,16 +330,14 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   last_micro_ = nullptr;
   last_micro_mode_ = StepMode::Eager;
   // Logits for the host are read eagerly; so are shapes past the recordings' cap.
-  const std::tuple key{batch, seq, grad_scale};
-  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out &&
-      (micro_graphs_.size() < kMaxRecordedShapes || micro_graphs_.count(key))) {
-    last_micro_ = &micro_graphs_[key];
+  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out) {
+    last_micro_ = &micro_graphs_[std::tuple{batch, seq, grad_scale}];
     last_micro_mode_ = next_mode(*last_micro_);
   }
   if (last_micro_mode_ == StepMode::Replay) {
     be_.mark(StepSpan::Forward);
     stage_batch(ids, mask, types, labels, dropout_step, last_micro_->inputs, last_micro_->step);
-    run_as(StepMode::Replay, last_micro_->micro, [] {});
+    run_as(StepMode::Replay, last_micro_, &StepGraphs::micro, [] {});
     step_open_ = scoped_grads_;
     return;
   }
@@ -334,8 +347,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   Tensor step = mem.take(Category::Activations, "dropout_step", -1, DType::I64, {1});
   if (!be_.dry_run) stage_batch(ids, mask, types, labels, dropout_step, b, step);
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
-  int unused = -1;
-  run_as(last_micro_mode_, last_micro_ ? last_micro_->micro : unused, [&] {
+  run_as(last_micro_mode_, last_micro_, &StepGraphs::micro, [&] {
     model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true, step.ptr<int64_t>()},
                              grad_scale, loss_scaling() ? &scaler_ : nullptr, loss, logits_out);
     ops::add_scaled(be_, loss, grad_scale, loss_sum_);
@@ -387,8 +399,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
     be_.stage(host_tensor(host_adamw_, DType::F32, {kAdamWScalarsSize}), staged_adamw_);
     be_.take_staged(staged_adamw_, adamw_scalars_);
   }
-  int unused = -1;
-  run_as(mode, graphs ? graphs->optimizer : unused, [&] { optimizer_body(mem, s); });
+  run_as(mode, graphs, &StepGraphs::optimizer, [&] { optimizer_body(mem, s); });
   // Whether this step was skipped, and the new scale: read back once the next micro-step
   // is queued (skipped_steps), so the GPU never idles waiting on the host.
   if (loss_scaling() && !be_.dry_run) scaler_read_pending_ = true;

@@ -161,5 +161,47 @@ INSTANTIATE_TEST_SUITE_P(Precisions, CudaGraphs,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// Dynamic padding makes many shapes: each is chosen, recorded and replayed on its own, up
+// to the cap on recorded shapes, past which steps run eagerly; evaluation batches of new
+// shapes between steps take nothing away from the recordings (their products' algorithms
+// stay chosen).
+TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
+  std::string why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  auto be = make_cuda_backend({});
+  const BertConfig c = dropout_bert();
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.bf16 = true;
+  TrainingRun run(a, c, kSeq, *be, GradientMemory::StepScoped, RunPhases{true, 4});
+  std::vector<float> w(size_t(run.model().layout().count()));
+  init_weights(c, run.model().layout(), w.data(), 5);
+  run.write_weights(w.data());
+  std::vector<std::pair<int, int>> shapes;
+  for (int rows : {2, 3, 4})
+    for (int seq : {24, 32, 40, 48, 56, 64}) shapes.emplace_back(rows, seq);
+  ASSERT_GT(shapes.size(), size_t(16)) << "the test must pass the cap on recorded shapes";
+  std::mt19937 g(9);
+  uint64_t micro = 0;
+  std::vector<float> logits(size_t(4 * c.num_labels));
+  for (int round = 0; round < 3; ++round) {
+    for (auto [rows, seq] : shapes) {
+      HostBatch h = make_batch(g, rows, seq, c.vocab_size);
+      const Batch b{rows, seq, h.ids.data(), h.mask.data(), h.types.data(), h.labels.data(), {}};
+      run.micro_step(b, 1.0f, micro++);
+      run.optimizer_step(1e-4, int64_t(micro));
+      if (round == 1) {  // an evaluation batch of a shape no training step has
+        HostBatch e = make_batch(g, 1, 8 + int(micro % 3) * 8, c.vocab_size);
+        run.infer(Batch{1, e.seq, e.ids.data(), e.mask.data(), e.types.data(), nullptr, {}}, {logits.data()});
+      }
+    }
+    const double loss = run.take_loss_sum();
+    EXPECT_TRUE(std::isfinite(loss)) << "round " << round;
+  }
+  // Round 0 runs every shape eagerly, round 1 records the first 16, round 2 replays them
+  // (micro-step and optimizer step each).
+  EXPECT_EQ(run.replayed_steps(), 2 * 16);
+}
+
 }  // namespace
 }  // namespace hone
