@@ -201,6 +201,9 @@ int train_command(const TrainingArguments& a) {
     fmt::print("fp16 loss scaling: {} of {} optimizer steps skipped (gradients with inf or NaN); final scale {:g}\n",
                skipped, m.global_step, run.loss_scale());
   }
+  if (be.device() == Device::CUDA)
+    fmt::print("CUDA graphs: {} micro-steps and optimizer steps replayed{}\n", run.replayed_steps(),
+               a.cuda_graphs ? "" : " (--cuda_graphs false)");
   {
     const SpanSeconds& sp = m.spans;
     const double total = sp[0] + sp[1] + sp[2] + sp[3];
