@@ -54,14 +54,12 @@ struct BatchTensors {
 
 // Counter-based dropout state of one micro-step: every call site derives its stream
 // from (step, site), so masks never repeat across steps and the backward pass
-// regenerates the forward masks instead of storing them.
+// regenerates the forward masks instead of storing them. The step is read from a counter
+// in the backend's memory (DropoutSpec::step), so that a recorded step can be replayed.
 struct DropoutState {
   uint64_t seed = 0;
-  uint64_t step = 0;
-  bool training = true;  // false: dropout is off (inference, golden tests)
-  // When set, the step is read from this counter in the backend's memory instead (see
-  // DropoutSpec::step): the masks are the same, and a recorded step can be replayed.
-  const int64_t* step_counter = nullptr;
+  bool training = true;                  // false: dropout is off (inference, golden tests)
+  const int64_t* step_counter = nullptr;  // needed when training
 };
 
 // Host destinations of an inference pass; each may be null.

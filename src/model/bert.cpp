@@ -151,8 +151,8 @@ double BertForSequenceClassification::training_flops(int batch, int seq) const {
 
 DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float p, int site) const {
   if (!d.training) return {0.0f, d.seed, 0, nullptr};
-  if (d.step_counter) return {p, d.seed, uint64_t(site), d.step_counter};
-  return {p, d.seed, (d.step << kDropoutSiteBits) | uint64_t(site), nullptr};
+  HONE_CHECK(d.step_counter, "training dropout without a step counter would repeat its masks every step");
+  return {p, d.seed, uint64_t(site), d.step_counter};
 }
 
 BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(
@@ -247,7 +247,7 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
 
 void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, const BatchTensors& batch,
                                             const ForwardOutputs& out) {
-  SavedHead h = run_forward(be, mem, batch, DropoutState{0, 0, false}, false, out.last_hidden_state);
+  SavedHead h = run_forward(be, mem, batch, DropoutState{0, false}, false, out.last_hidden_state);
   if (!be.dry_run) {
     if (out.pooled) be.read(h.pooled, out.pooled, size_t(h.pooled.numel()));
     if (out.logits) be.read(h.logits, out.logits, size_t(h.logits.numel()));

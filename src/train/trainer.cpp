@@ -273,19 +273,19 @@ void TrainingRun::stage_batch(const int32_t* ids, const int32_t* mask, const int
   if (!regression)
     for (int i = 0; i < b.batch; ++i) host_labels_[i] = int32_t(labels[i]);
   const auto host = host_tensor;
-  const std::pair<Tensor, Tensor> moves[] = {
-      {host(ids, DType::I32, {T}), staged_ids_.rows(0, T)},
-      {host(mask, DType::I32, {T}), staged_mask_.rows(0, T)},
-      {host(types, DType::I32, {T}), staged_types_.rows(0, T)},
+  struct Move {
+    Tensor src, staging, dst;
+  };
+  Move moves[] = {
+      {host(ids, DType::I32, {T}), staged_ids_.rows(0, T), b.input_ids},
+      {host(mask, DType::I32, {T}), staged_mask_.rows(0, T), b.attention_mask},
+      {host(types, DType::I32, {T}), staged_types_.rows(0, T), b.token_type_ids},
       {regression ? host(labels, DType::F32, {b.batch}) : host(host_labels_, DType::I32, {b.batch}),
-       staged_labels_.rows(0, b.batch)},
-      {host(host_step_, DType::I64, {1}), staged_step_}};
-  for (auto [src, staging] : moves) be_.stage(src, staging);
-  const Tensor* dsts[] = {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &step};
-  for (size_t i = 0; i < std::size(moves); ++i) {
-    Tensor dst = *dsts[i];
-    be_.take_staged(moves[i].second, dst);
-  }
+       staged_labels_.rows(0, b.batch), b.labels},
+      {host(host_step_, DType::I64, {1}), staged_step_, step}};
+  // Every copy from the host first, so that one wait covers them all.
+  for (Move& m : moves) be_.stage(m.src, m.staging);
+  for (Move& m : moves) be_.take_staged(m.staging, m.dst);
 }
 
 TrainingRun::StepMode TrainingRun::next_mode(StepGraphs& g) {
@@ -348,7 +348,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   if (!be_.dry_run) stage_batch(ids, mask, types, labels, dropout_step, b, step);
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
   run_as(last_micro_mode_, last_micro_, &StepGraphs::micro, [&] {
-    model_->forward_backward(be_, mem, b, DropoutState{args_.seed, dropout_step, true, step.ptr<int64_t>()},
+    model_->forward_backward(be_, mem, b, DropoutState{args_.seed, true, step.ptr<int64_t>()},
                              grad_scale, loss_scaling() ? &scaler_ : nullptr, loss, logits_out);
     ops::add_scaled(be_, loss, grad_scale, loss_sum_);
   });

@@ -13,45 +13,13 @@
 #include "hone/cuda.h"
 #include "hone/trainer.h"
 #include "hone/weights.h"
+#include "gpu/small_bert.h"
 
 namespace hone {
 namespace {
 
-BertConfig dropout_bert() {
-  BertConfig c = *builtin_config("bert-tiny");
-  c.vocab_size = 512;
-  c.hidden_size = 128;
-  c.num_attention_heads = 2;  // head size 64, as the fused attention of bf16/fp16 needs
-  c.intermediate_size = 256;
-  c.num_hidden_layers = 2;
-  c.max_position_embeddings = 64;
-  c.hidden_dropout_prob = 0.2;
-  c.attention_probs_dropout_prob = 0.2;
-  return c;
-}
-
-struct HostBatch {
-  int rows, seq;
-  std::vector<int32_t> ids, mask, types;
-  std::vector<float> labels;
-};
-
-// Right-padded random tokens and labels; the shapes cycle so that each is recorded and
-// replayed while the others are too.
-HostBatch make_batch(std::mt19937& g, int rows, int seq, int vocab) {
-  HostBatch b{rows, seq, {}, {}, {}, {}};
-  std::uniform_int_distribution<int> tok(5, vocab - 1), len(seq / 2, seq), coin(0, 1);
-  for (int r = 0; r < rows; ++r) {
-    const int n = len(g);
-    for (int t = 0; t < seq; ++t) {
-      b.ids.push_back(t == 0 ? 2 : t < n ? tok(g) : 0);
-      b.mask.push_back(t < n ? 1 : 0);
-      b.types.push_back(0);
-    }
-    b.labels.push_back(float(coin(g)));
-  }
-  return b;
-}
+using test::random_batch;
+using test::small_bert;
 
 struct Curve {
   std::vector<double> loss, grad_norm;
@@ -61,7 +29,8 @@ struct Curve {
 
 constexpr int kUpdates = 9;
 constexpr int kSeq = 64;
-constexpr std::pair<int, int> kShapes[] = {{4, 64}, {4, 64}, {3, 48}};  // cycled per micro-step
+// Cycled per micro-step, so that each shape is recorded and replayed while the others are too.
+constexpr std::pair<int, int> kShapes[] = {{4, 64}, {4, 64}, {3, 48}};
 
 const char* precision_name(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
 
@@ -73,7 +42,7 @@ TEST_P(CudaGraphs, ReplayedStepsFollowTheEagerRun) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (dtype != DType::F32 && !mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
   auto be = make_cuda_backend({});
-  const BertConfig c = dropout_bert();
+  const BertConfig c = small_bert(0.2);
   const ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 17);
@@ -100,7 +69,7 @@ TEST_P(CudaGraphs, ReplayedStepsFollowTheEagerRun) {
     for (int k = 0; k < kUpdates; ++k) {
       for (int m = 0; m < accumulation; ++m) {
         const auto [rows, seq] = kShapes[micro % std::size(kShapes)];
-        HostBatch h = make_batch(g, rows, seq, c.vocab_size);
+        test::TaskBatch h = random_batch(g, rows, seq, c.vocab_size);
         const Batch b{rows, seq, h.ids.data(), h.mask.data(), h.types.data(), h.labels.data(), {}};
         run.micro_step(b, 1.0f / float(accumulation), micro++);
       }
@@ -169,7 +138,7 @@ TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
   std::string why;
   if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
   auto be = make_cuda_backend({});
-  const BertConfig c = dropout_bert();
+  const BertConfig c = small_bert(0.2);
   TrainingArguments a;
   a.per_device_train_batch_size = 4;
   a.bf16 = true;
@@ -186,13 +155,14 @@ TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
   std::vector<float> logits(size_t(4 * c.num_labels));
   for (int round = 0; round < 3; ++round) {
     for (auto [rows, seq] : shapes) {
-      HostBatch h = make_batch(g, rows, seq, c.vocab_size);
+      test::TaskBatch h = random_batch(g, rows, seq, c.vocab_size);
       const Batch b{rows, seq, h.ids.data(), h.mask.data(), h.types.data(), h.labels.data(), {}};
       run.micro_step(b, 1.0f, micro++);
       run.optimizer_step(1e-4, int64_t(micro));
       if (round == 1) {  // an evaluation batch of a shape no training step has
-        HostBatch e = make_batch(g, 1, 8 + int(micro % 3) * 8, c.vocab_size);
-        run.infer(Batch{1, e.seq, e.ids.data(), e.mask.data(), e.types.data(), nullptr, {}}, {logits.data()});
+        const int seq_e = 8 + int(micro % 3) * 8;
+        test::TaskBatch e = random_batch(g, 1, seq_e, c.vocab_size);
+        run.infer(Batch{1, seq_e, e.ids.data(), e.mask.data(), e.types.data(), nullptr, {}}, {logits.data()});
       }
     }
     const double loss = run.take_loss_sum();
