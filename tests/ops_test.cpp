@@ -181,6 +181,52 @@ TEST(OpsLinear, WrapperNamesOpTensorAndShapes) {
   EXPECT_THROW(ops::linear_backward(be, y8.t, x.t, w.t, nullptr, false, dw.t, nullptr), Error);
 }
 
+// The product-and-activation ops are the two unfused ops in sequence on the CPU; the
+// wrappers check shapes and that no output overlaps an input (the GPU's epilogue reads pre
+// while it writes dpre).
+TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
+  CpuBackend be;
+  const int M = 5, K = 4, N = 6;
+  HostTensor x = random({M, K}, 1), w = random({N, K}, 2), b = random({N}, 3);
+  HostTensor pre = filled({M, N}, 0.0f), y = filled({M, N}, 0.0f), pre1 = filled({M, N}, 0.0f), y1 = filled({M, N}, 0.0f);
+  ops::linear_activation_forward(be, Activation::GeluTanh, x.t, w.t, &b.t, pre.t, y.t);
+  ops::linear_forward(be, x.t, w.t, &b.t, pre1.t);
+  ops::activation_forward(be, Activation::GeluTanh, pre1.t, y1.t);
+  for (int i = 0; i < M * N; ++i) EXPECT_EQ(pre.f()[i], pre1.f()[i]);
+  for (int i = 0; i < M * N; ++i) EXPECT_EQ(y.f()[i], y1.f()[i]);
+
+  // Backward of a product reading act [M, N] with weights w2 [K, N].
+  HostTensor dy = random({M, K}, 4), act = random({M, N}, 5), w2 = random({K, N}, 6);
+  HostTensor dpre = filled({M, N}, 0.0f), dw = filled({K, N}, 1.0f), db = filled({K}, 2.0f);
+  HostTensor dpre1 = filled({M, N}, 0.0f), dw1 = filled({K, N}, 1.0f), db1 = filled({K}, 2.0f);
+  ops::activation_linear_backward(be, Activation::Gelu, dy.t, act.t, pre.t, w2.t, dpre.t, dw.t, &db.t);
+  ops::linear_backward(be, dy.t, act.t, w2.t, &dpre1.t, false, dw1.t, &db1.t);
+  ops::activation_backward(be, Activation::Gelu, dpre1.t, pre.t, dpre1.t);
+  for (int i = 0; i < M * N; ++i) EXPECT_EQ(dpre.f()[i], dpre1.f()[i]);
+  for (int i = 0; i < K * N; ++i) EXPECT_EQ(dw.f()[i], dw1.f()[i]);
+  for (int i = 0; i < K; ++i) EXPECT_EQ(db.f()[i], db1.f()[i]);
+
+  auto forward = [&](Tensor& pre_t, Tensor& y_t) {
+    return error_of([&] { ops::linear_activation_forward(be, Activation::GeluTanh, x.t, w.t, &b.t, pre_t, y_t); });
+  };
+  HostTensor narrow = filled({M, N - 1}, 0.0f);
+  EXPECT_EQ(forward(narrow.t, y.t), "linear_activation_forward: pre has shape [5, 5], expected [5, 6]");
+  EXPECT_EQ(forward(pre.t, pre.t), "linear_activation_forward: outputs pre and y share memory");
+  HostTensor square = random({N, N}, 7), x_and_y = random({M, N}, 8);
+  EXPECT_EQ(error_of([&] {
+              ops::linear_activation_forward(be, Activation::GeluTanh, x_and_y.t, square.t, nullptr, pre.t, x_and_y.t);
+            }),
+            "linear_activation_forward: y shares memory with the input x");
+  auto backward = [&](const Tensor& pre_t, Tensor& dpre_t) {
+    return error_of(
+        [&] { ops::activation_linear_backward(be, Activation::GeluTanh, dy.t, act.t, pre_t, w2.t, dpre_t, dw.t, &db.t); });
+  };
+  EXPECT_EQ(backward(pre.t, pre.t), "activation_linear_backward: dpre shares memory with the input pre");
+  EXPECT_EQ(backward(pre.t, act.t), "activation_linear_backward: dpre shares memory with the input x");
+  EXPECT_EQ(backward(narrow.t, dpre.t), "activation_linear_backward: pre has shape [5, 5], expected [5, 6]");
+  EXPECT_EQ(backward(pre.t, dpre.t), "(no error)");
+}
+
 // ---------------------------------------------------------------------------- attention
 
 struct AttentionCase {

@@ -14,6 +14,10 @@ void cast(Backend& be, const Tensor& src, Tensor& dst);
 void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y);
 void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
                      Tensor& dw, Tensor* db);
+void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
+                               Tensor& pre, Tensor& y);
+void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
+                                const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db);
 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                        const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);

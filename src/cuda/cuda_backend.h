@@ -57,6 +57,10 @@ class CudaBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
+  void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
+                                 Tensor& y) override;
+  void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre, const Tensor& w,
+                                  Tensor& dpre, Tensor& dw, Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& ctx, Tensor& workspace) override;
   void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
@@ -110,6 +114,10 @@ class CudaBackend final : public Backend {
   // Every matrix product of the backend: column-major D[m, n] = alpha op(A) op(B) +
   // beta D (+ bias per row when set), `batch` times at the given element strides. A and B
   // share ab_type; D (and the bias) have d_type; products accumulate in F32.
+  // With `gelu`, cuBLASLt's (tanh) GELU runs in the epilogue on aux [m, n] (leading
+  // dimension ldd, type d_type): Forward writes the product (plus bias) to aux and its GELU
+  // to D; Backward reads the GELU's input from aux and writes the product times GELU' to D.
+  enum class GeluEpilogue : uint8_t { None, Forward, Backward };
   struct LtGemm {
     cublasOperation_t op_a, op_b;
     int64_t m, n, k;
@@ -125,6 +133,8 @@ class CudaBackend final : public Backend {
     int batch = 1;
     int64_t stride_a = 0, stride_b = 0, stride_d = 0;
     cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+    GeluEpilogue gelu = GeluEpilogue::None;
+    void* aux = nullptr;
   };
   void lt_matmul(const LtGemm& g);
 
@@ -174,7 +184,7 @@ class CudaBackend final : public Backend {
   // linear.cu state: the cuBLASLt algorithm chosen for each problem seen (the query costs
   // far more than the product for small shapes). Never evicted: a recorded step may only
   // meet products already chosen, since choosing times candidates.
-  static constexpr int kLtKey = 19;
+  static constexpr int kLtKey = 21;
   std::map<std::array<int64_t, kLtKey>, cublasLtMatmulAlgo_t> lt_algos_;
 
   // attention.cu: cuDNN's handle and fused-attention plans, made on the first BF16/F16

@@ -208,9 +208,8 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
     ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_drop(l, 1), w(P.ln1.g), w(P.ln1.b), eps, s.ln1_in,
                                        s.ln1_out, s.ln1_mean, s.ln1_rstd);
     s.ffn_pre = saved("ffn_preactivation", l, {T, I});
-    ops::linear_forward(be, s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre);
     Tensor ffn_act = scratch("ffn_activation", {T, I});  // recomputed in backward rather than saved
-    ops::activation_forward(be, act, s.ffn_pre, ffn_act);
+    ops::linear_activation_forward(be, act, s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre, ffn_act);
     s.ln2_in = saved("ffn_residual", l, {T, H});
     ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
     mem.release(ffn_act);
@@ -322,14 +321,13 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     mem.release(s.ln2_rstd);
     Tensor ffn_act = scratch("ffn_activation", {T, I});
     ops::activation_forward(be, act, s.ffn_pre, ffn_act);
-    Tensor d_act = scratch("ffn_activation_grad", {T, I});
-    ops::linear_backward(be, dh, ffn_act, w(P.ffn_down.w), &d_act, false, gdown_w, &gdown_b);
+    Tensor d_pre = scratch("ffn_preactivation_grad", {T, I});
+    ops::activation_linear_backward(be, act, dh, ffn_act, s.ffn_pre, w(P.ffn_down.w), d_pre, gdown_w, &gdown_b);
     mem.release(ffn_act);
-    ops::activation_backward(be, act, d_act, s.ffn_pre, d_act);
     mem.release(s.ffn_pre);
     // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
-    ops::linear_backward(be, d_act, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
-    mem.release(d_act);
+    ops::linear_backward(be, d_pre, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
+    mem.release(d_pre);
     mem.release(s.ln1_out);
 
     // ln1_out = LN1(ln1_in), ln1_in = x + dropout(attn_out(ctx)): dh becomes d ln1_in (the

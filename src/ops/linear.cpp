@@ -50,6 +50,35 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
   be.linear_backward(dy, x, w, dx, accumulate_dx, dw, db);
 }
 
+void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
+                               Tensor& pre, Tensor& y) {
+  const char* op = "linear_activation_forward";
+  const auto [m, k, n] = linear_dims(be, op, x, w);
+  if (b) detail::expect(op, "b", *b, x.dtype, {n});
+  detail::expect(op, "pre", pre, x.dtype, {m, n});
+  detail::expect(op, "y", y, x.dtype, {m, n});
+  if (be.dry_run) return;
+  const Tensor none;
+  detail::expect_disjoint(op, {{"pre", pre}, {"y", y}}, {{"x", x}, {"w", w}, {"b", b ? *b : none}}, {});
+  be.linear_activation_forward(a, x, w, b, pre, y);
+}
+
+void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
+                                const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db) {
+  const char* op = "activation_linear_backward";
+  const auto [m, k, n] = linear_dims(be, op, x, w);
+  detail::expect(op, "dy", dy, x.dtype, {m, n});
+  detail::expect(op, "pre", pre, x.dtype, {m, k});
+  detail::expect(op, "dpre", dpre, x.dtype, {m, k});
+  detail::expect(op, "dw", dw, DType::F32, {n, k});
+  if (db) detail::expect(op, "db", *db, DType::F32, {n});
+  if (be.dry_run) return;
+  const Tensor none;
+  detail::expect_disjoint(op, {{"dpre", dpre}, {"dw", dw}, {"db", db ? *db : none}},
+                          {{"dy", dy}, {"x", x}, {"pre", pre}, {"w", w}}, {});
+  be.activation_linear_backward(a, dy, x, pre, w, dpre, dw, db);
+}
+
 }  // namespace ops
 
 namespace {
@@ -110,6 +139,19 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
     }
     for (int c = c0; c < c1; ++c) dbp[c] += float(acc[c - c0]);
   }
+}
+
+// The unfused ops in sequence: the reference the CUDA epilogues are held to.
+void CpuBackend::linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
+                                           Tensor& pre, Tensor& y) {
+  linear_forward(x, w, b, pre);
+  activation_forward(a, pre, y);
+}
+
+void CpuBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
+                                            const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db) {
+  linear_backward(dy, x, w, &dpre, false, dw, db);
+  activation_backward(a, dpre, pre, dpre);
 }
 
 }  // namespace hone
