@@ -81,6 +81,30 @@ TEST(Cli, EstimatePlansMixedPrecision) {
   EXPECT_TRUE(has(bf16.out, "670,288,128")) << bf16.out;
 }
 
+// --config_name replaces the model's configuration, as in transformers' example scripts:
+// the run and the config.json it saves use it, and weights that do not fit it are refused.
+TEST(Cli, ConfigNameReplacesTheModelsConfiguration) {
+  test::TempDir tmp;
+  const std::string model = write_model(tmp.path + "/model"), out = tmp.path + "/out";
+  BertConfig tanh = BertConfig::load(model + "/config.json");
+  tanh.hidden_act = "gelu_pytorch_tanh";
+  std::filesystem::create_directories(tmp.path + "/tanh");
+  tanh.save(tmp.path + "/tanh/config.json");
+  for (const std::string& config : {tmp.path + "/tanh", tmp.path + "/tanh/config.json"}) {
+    Result r = hone("train --model_name_or_path " + model + " --config_name " + config +
+                    " --dataset synthetic:8x16 --per_device_train_batch_size 4 --output_dir " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(BertConfig::load(out + "/config.json").hidden_act, "gelu_pytorch_tanh") << config;
+  }
+  Result wide = hone("train --model_name_or_path " + model + " --config_name bert-tiny --dataset synthetic:8x16" +
+                     " --output_dir " + out);
+  EXPECT_NE(wide.code, 0);
+  EXPECT_TRUE(has(wide.out, "--ignore_mismatched_sizes")) << wide.out;
+  Result missing = hone("train --config_name " + tmp.path + "/nothing --output_dir " + out);
+  EXPECT_NE(missing.code, 0);
+  EXPECT_TRUE(has(missing.out, "--config_name " + tmp.path + "/nothing: no such file or directory")) << missing.out;
+}
+
 TEST(Cli, MixedPrecisionNeedsAGpuToTrain) {
   if (cuda_available(nullptr)) GTEST_SKIP() << "a GPU is present: the CPU refusal is not reachable with --device auto";
   Result r = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --bf16 --output_dir /tmp/unused");

@@ -13,6 +13,7 @@ namespace hone {
 struct TrainingArguments {
   // model and data
   std::string model_name_or_path = "bert-tiny";  // a directory with config.json, or a built-in name
+  std::string config_name;  // a config.json, a directory with one, or a built-in name; default: the model's
   std::string dataset = "synthetic:512x512";     // synthetic:NxL, used when there is no --train_file
   std::string output_dir = "trainer_output";     // transformers 5 default
   // text data (the names of transformers' run_classification.py)

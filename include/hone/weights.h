@@ -38,6 +38,8 @@ struct ModelSource {
   std::string name;
 };
 ModelSource resolve_model(const std::string& name_or_path);
+// A configuration from a config.json, a directory with one, or a built-in name.
+BertConfig resolve_config(const std::string& name_or_path);
 
 // Writes config.json and model.safetensors (transformers' names and order) into `dir`,
 // creating it; each file is written atomically.

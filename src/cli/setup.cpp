@@ -63,6 +63,7 @@ void apply_labels(const LabelSpace& s, BertConfig& c) {
 RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
   RunInputs in;
   in.model = resolve_model(a.model_name_or_path);
+  if (!a.config_name.empty()) in.model.config = resolve_config(a.config_name);
   BertConfig& cfg = in.model.config;
   const bool text = !a.train_file.empty() || (read_test && !a.test_file.empty()) ||
                     (!read_train && read_eval && !a.validation_file.empty());

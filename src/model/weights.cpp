@@ -99,6 +99,25 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
   return report;
 }
 
+namespace {
+
+std::string builtin_names() {
+  std::string known;
+  for (const auto& n : builtin_config_names()) known += (known.empty() ? "" : ", ") + n;
+  return known;
+}
+
+}  // namespace
+
+BertConfig resolve_config(const std::string& name_or_path) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(name_or_path)) return BertConfig::load((fs::path(name_or_path) / "config.json").string());
+  if (fs::is_regular_file(name_or_path)) return BertConfig::load(name_or_path);
+  if (auto c = builtin_config(name_or_path)) return *c;
+  fail("--config_name {}: no such file or directory, and not a built-in configuration ({})", name_or_path,
+       builtin_names());
+}
+
 ModelSource resolve_model(const std::string& name_or_path) {
   namespace fs = std::filesystem;
   ModelSource m;
@@ -120,9 +139,8 @@ ModelSource resolve_model(const std::string& name_or_path) {
     m.config = *c;
     return m;
   }
-  std::string known;
-  for (const auto& n : builtin_config_names()) known += (known.empty() ? "" : ", ") + n;
-  fail("--model_name_or_path {}: no such directory, and not a built-in configuration ({})", name_or_path, known);
+  fail("--model_name_or_path {}: no such directory, and not a built-in configuration ({})", name_or_path,
+       builtin_names());
 }
 
 void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights) {

@@ -53,6 +53,8 @@ constexpr std::array<std::string_view, 7> kMetrics = {"loss", "accuracy", "f1", 
 void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add(app, "model_name_or_path", a.model_name_or_path,
       "Model directory with config.json, or a built-in name");
+  add(app, "config_name", a.config_name,
+      "Configuration to use instead of the model's: a config.json, a directory with one, or a built-in name");
   add(app, "dataset", a.dataset, "synthetic:NxL (N sequences of L tokens), used without --train_file");
   add(app, "output_dir", a.output_dir, "Where checkpoints and logs are written");
   add(app, "train_file", a.train_file, "Training examples: JSONL, CSV or TSV");
