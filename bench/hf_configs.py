@@ -13,6 +13,9 @@ OUTFILE), except that each child is this wrapper, so it sees the added configura
 and that a child which times out gives an error line instead of ending the loop.
 N_SAMPLES (read by run_one) and the rest of the environment pass to the children.
 HF_TIMEOUT: seconds per child (default 300, the peer's).
+A name ending in _tanh runs the configuration without the suffix on bert-large with
+hidden_act gelu_pytorch_tanh: BertConfig's default activation is changed before the peer's
+run_one builds its config (which names no activation), and the log says so.
 """
 import importlib.util
 import json
@@ -27,6 +30,23 @@ EXTRA_CONFIGS = {
     "fp16_fused_bs32": dict(per_device_train_batch_size=32, fp16=True, tf32=True, optim="adamw_torch_fused",
                             dataloader_pin_memory=True),
 }
+TANH = "_tanh"
+
+
+def use_tanh_gelu():
+    """Makes gelu_pytorch_tanh the default hidden_act of transformers' BertConfig."""
+    import transformers
+    original = transformers.BertConfig.__init__
+
+    def init(self, *args, **kwargs):
+        kwargs.setdefault("hidden_act", "gelu_pytorch_tanh")
+        original(self, *args, **kwargs)
+
+    transformers.BertConfig.__init__ = init
+    act = transformers.BertConfig(num_labels=2).hidden_act
+    if act != "gelu_pytorch_tanh":
+        sys.exit(f"hf_configs.py: could not make the tanh GELU BertConfig's default (got {act!r})")
+    print(f"hf_configs.py: BertConfig's hidden_act is now {act}", file=sys.stderr, flush=True)
 
 
 def load_peer(path):
@@ -38,6 +58,8 @@ def load_peer(path):
     spec.loader.exec_module(mod)  # the peer's main block does not run: __name__ is not "__main__"
     for name, overrides in EXTRA_CONFIGS.items():
         mod.CONFIGS.setdefault(name, overrides)
+    for name in list(mod.CONFIGS):
+        mod.CONFIGS.setdefault(name + TANH, mod.CONFIGS[name])
     return mod
 
 
@@ -77,6 +99,8 @@ def main(argv):
     else:
         if cmd not in peer.CONFIGS:
             sys.exit(f"hf_configs.py: unknown configuration {cmd!r}; known: {list(peer.CONFIGS)}")
+        if cmd.endswith(TANH):
+            use_tanh_gelu()
         peer.run_one(cmd)
 
 

@@ -6,8 +6,10 @@
 #   HF_TRAINER_BENCH.py is the peer's script (carried beside the tree, git-ignored; not part of
 #   hone): bench/hf_configs.py imports it and adds the fp16 fused configurations it lacks.
 # Environment:
-#   CONFIGS        configurations to run, bs<B>_<bf16|fp16>
-#                  (default "bs4_bf16 bs4_fp16 bs8_bf16 bs32_bf16"); HF runs <prec>_fused_bs<B>
+#   CONFIGS        configurations to run, bs<B>_<bf16|fp16>[_tanh]
+#                  (default "bs4_bf16 bs4_fp16 bs8_bf16 bs32_bf16"); HF runs <prec>_fused_bs<B>[_tanh].
+#                  _tanh: the model with hidden_act gelu_pytorch_tanh (hone: --config_name), whose
+#                  GELU hone computes in the products' epilogues; both sides run the same model
 #   MIXED_N        samples for every configuration; else MIXED_N_SMALL for B < 32
 #                  (default 2048) and MIXED_N_LARGE for B >= 32 (default 4096)
 #   HONE_FLAGS     more flags for `hone train` (e.g. --tf32)
@@ -22,7 +24,7 @@ cd "$(dirname "$0")/.." || exit 1
 mkdir -p "$out"
 configs=${CONFIGS:-bs4_bf16 bs4_fp16 bs8_bf16 bs32_bf16}
 for cfg in $configs; do
-  [[ $cfg =~ ^bs[0-9]+_(bf16|fp16)$ ]] || { echo "mixed_bench: bad configuration '$cfg' (want bs<B>_bf16 or bs<B>_fp16)"; exit 2; }
+  [[ $cfg =~ ^bs[0-9]+_(bf16|fp16)(_tanh)?$ ]] || { echo "mixed_bench: bad configuration '$cfg' (want bs<B>_<bf16|fp16>[_tanh])"; exit 2; }
 done
 [ -n "${SKIP_HF:-}" ] || [ -f "$hf_script" ] || { echo "mixed_bench: no HF script at $hf_script"; exit 2; }
 
@@ -41,7 +43,16 @@ ninja -C build-bench hone >"$out/build.log" 2>&1 || { grep -E "error|Error" "$ou
 # cache, seconds that would land inside the measured steps (bs4 once measured 160 samples/s
 # so in bf16, and 200 in fp16 after a bf16-only warm-up): a short run of each precision
 # loads them before anything is timed.
-for prec in $(printf '%s\n' $configs | sed 's/.*_//' | sort -u); do
+# bert-large-uncased as a config.json, its GELU the tanh form, for the _tanh configurations.
+tanh_config="$out/tanh_config"
+mkdir -p "$tanh_config"
+cat >"$tanh_config/config.json" <<'EOF'
+{"model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 30522,
+ "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
+ "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 512, "type_vocab_size": 2}
+EOF
+
+for prec in $(printf '%s\n' $configs | sed -E 's/^bs[0-9]+_([a-z0-9]+).*/\1/' | sort -u); do
   timeout "${HONE_TIMEOUT:-300}" build-bench/hone train --model_name_or_path bert-large-uncased \
     --dataset synthetic:64x512 --save_strategy no --per_device_train_batch_size 4 --num_train_epochs 1 \
     --disable_tqdm --output_dir "$out/warmup" "--$prec" >"$out/warmup_$prec.log" 2>&1 || echo "$prec warm-up failed"
@@ -50,7 +61,9 @@ done
 
 for cfg in $configs; do
   b=${cfg%%_*}; b=${b#bs}
-  prec=${cfg#*_}
+  prec=${cfg#*_}; prec=${prec%_tanh}
+  model_flags=""; hf_name="${prec}_fused_bs$b"
+  if [[ $cfg == *_tanh ]]; then model_flags="--config_name $tanh_config"; hf_name+="_tanh"; fi
   if [ -n "${MIXED_N:-}" ]; then n=$MIXED_N
   elif [ "$b" -ge 32 ]; then n=${MIXED_N_LARGE:-4096}
   else n=${MIXED_N_SMALL:-2048}; fi
@@ -60,7 +73,7 @@ for cfg in $configs; do
   rm -rf "$out/hone_$cfg"
   timeout "${HONE_TIMEOUT:-300}" build-bench/hone train --model_name_or_path bert-large-uncased \
     --dataset "synthetic:${n}x512" --save_strategy no --per_device_train_batch_size "$b" --num_train_epochs 1 \
-    --disable_tqdm --output_dir "$out/hone_$cfg" "--$prec" ${HONE_FLAGS:-} >"$out/hone_$cfg.log" 2>&1
+    --disable_tqdm --output_dir "$out/hone_$cfg" "--$prec" $model_flags ${HONE_FLAGS:-} >"$out/hone_$cfg.log" 2>&1
   rc=$?
   rm -f "$out/hone_$cfg/model.safetensors"  # 1.3 GB that the table does not need
   if [ $rc -ne 0 ]; then
@@ -73,7 +86,7 @@ for cfg in $configs; do
   # HF Trainer, one fresh process (hf_configs.py records a failure as an "error" line).
   rm -f "$out/hf_$cfg.jsonl" "$out/hf_$cfg.log"
   if [ -z "${SKIP_HF:-}" ]; then
-    N_SAMPLES=$n python3 bench/hf_configs.py "$hf_script" all "$out/hf_$cfg.jsonl" "${prec}_fused_bs$b" \
+    N_SAMPLES=$n python3 bench/hf_configs.py "$hf_script" all "$out/hf_$cfg.jsonl" "$hf_name" \
       >"$out/hf_$cfg.log" 2>&1 || { echo "HF $cfg: wrapper failed:"; tail -15 "$out/hf_$cfg.log"; }
   fi
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prints the mixed-precision hone vs HF Trainer table from one bench/mixed_bench.sh folder.
-Usage: python3 bench/mixed_table.py OUT_DIR/mixed [CONFIG...]   (CONFIG: bs<B>_<bf16|fp16>)
+Usage: python3 bench/mixed_table.py OUT_DIR/mixed [CONFIG...]   (CONFIG: bs<B>_<bf16|fp16>[_tanh])
 
 Throughput: train_samples_per_second of each. MFU: model FLOPs per second over the GPU's
 dense bf16 peak (fp16 is the same) as hone's src/core/peak_flops.cpp lists it; for hone the
@@ -106,8 +106,8 @@ def main(argv):
     rows, notes, res = [], [], {}
     gpus = set()
     for cfg in configs:
-        m = re.fullmatch(r"bs(\d+)_(bf16|fp16)", cfg)
-        label = f"bs{m.group(1)} {m.group(2)}" if m else cfg
+        m = re.fullmatch(r"bs(\d+)_(bf16|fp16)(_tanh)?", cfg)
+        label = f"bs{m.group(1)} {m.group(2)}{' tanh GELU' if m.group(3) else ''}" if m else cfg
         h, p = load_hone(out, cfg), load_hf(out, cfg)
         r = {}
         n = num(p, "n_samples")  # hf_configs.py records it on error lines too
