@@ -2,7 +2,8 @@
 // activation_linear_backward) on the GPU against the CPU reference, which runs the unfused
 // ops in sequence. The tanh GELU runs in cuBLASLt's epilogues; the erf GELU, ReLU and widths
 // cuBLASLt's aux matrix cannot take (not a multiple of 8) run unfused, and must agree too.
-// Inputs are rounded to bf16, so every dtype holds the same numbers as the F32 reference.
+// Inputs are rounded to bf16, so every dtype holds the same numbers as the F32 reference,
+// and TF32 (10 explicit mantissa bits) multiplies them exactly, as F32 does.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "hone/cpu_backend.h"
+#include "hone/cuda.h"
 #include "hone/ops.h"
 #include "device_tensor.h"
 #include "test_util.h"
@@ -47,7 +49,14 @@ double tolerance(DType t, int roundings) {
 }
 
 TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
-  Backend& g = gpu();
+  std::unique_ptr<Backend> tf32 = make_cuda_backend({.tf32 = true});
+  struct Variant {
+    DType t;
+    Backend* be;
+    const char* name;
+  };
+  const Variant variants[] = {{DType::F32, &gpu(), "F32"}, {DType::F32, tf32.get(), "TF32"},
+                              {DType::BF16, &gpu(), "BF16"}, {DType::F16, &gpu(), "F16"}};
   struct Case {
     int m, k, n;
   };
@@ -55,9 +64,11 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
   // 20 features) cannot, forward or backward.
   for (const Case& c : {Case{7, 13, 20}, Case{64, 96, 128}, Case{512, 256, 1024}}) {
     for (Activation a : {Activation::GeluTanh, Activation::Gelu, Activation::Relu}) {
-      for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+      for (const Variant& v : variants) {
+        Backend& g = *v.be;
+        const DType t = v.t;
         const int M = c.m, K = c.k, N = c.n;
-        const std::string at = fmt::format(" M={} K={} N={} activation {} {}", M, K, N, int(a), dtype_name(t));
+        const std::string at = fmt::format(" M={} K={} N={} activation {} {}", M, K, N, int(a), v.name);
         // Forward: pre = x w^T + b spans about [-4, 4], where the GELUs bend.
         HostTensor x = representable({M, K}, 1, -1.0f, 1.0f), w = representable({N, K}, 2, -0.6f, 0.6f),
                    b = representable({N}, 3, -1.0f, 1.0f);
