@@ -195,13 +195,16 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(pre.f()[i], pre1.f()[i]);
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(y.f()[i], y1.f()[i]);
 
-  // Backward of a product reading act [M, N] with weights w2 [K, N].
-  HostTensor dy = random({M, K}, 4), act = random({M, N}, 5), w2 = random({K, N}, 6);
-  HostTensor dpre = filled({M, N}, 0.0f), dw = filled({K, N}, 1.0f), db = filled({K}, 2.0f);
-  HostTensor dpre1 = filled({M, N}, 0.0f), dw1 = filled({K, N}, 1.0f), db1 = filled({K}, 2.0f);
-  ops::activation_linear_backward(be, Activation::Gelu, dy.t, act.t, pre.t, w2.t, dpre.t, dw.t, &db.t);
-  ops::linear_backward(be, dy.t, act.t, w2.t, &dpre1.t, false, dw1.t, &db1.t);
+  // Backward of a product reading act(pre) [M, N] with weights w2 [K, N].
+  HostTensor dy = random({M, K}, 4), w2 = random({K, N}, 6);
+  HostTensor act = filled({M, N}, 0.0f), dpre = filled({M, N}, 0.0f), dw = filled({K, N}, 1.0f), db = filled({K}, 2.0f);
+  HostTensor act1 = filled({M, N}, 0.0f), dpre1 = filled({M, N}, 0.0f), dw1 = filled({K, N}, 1.0f),
+             db1 = filled({K}, 2.0f);
+  ops::activation_linear_backward(be, Activation::Gelu, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t);
+  ops::activation_forward(be, Activation::Gelu, pre.t, act1.t);
+  ops::linear_backward(be, dy.t, act1.t, w2.t, &dpre1.t, false, dw1.t, &db1.t);
   ops::activation_backward(be, Activation::Gelu, dpre1.t, pre.t, dpre1.t);
+  for (int i = 0; i < M * N; ++i) EXPECT_EQ(act.f()[i], act1.f()[i]);
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(dpre.f()[i], dpre1.f()[i]);
   for (int i = 0; i < K * N; ++i) EXPECT_EQ(dw.f()[i], dw1.f()[i]);
   for (int i = 0; i < K; ++i) EXPECT_EQ(db.f()[i], db1.f()[i]);
@@ -217,14 +220,15 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
               ops::linear_activation_forward(be, Activation::GeluTanh, x_and_y.t, square.t, nullptr, pre.t, x_and_y.t);
             }),
             "linear_activation_forward: y shares memory with the input x");
-  auto backward = [&](const Tensor& pre_t, Tensor& dpre_t) {
+  auto backward = [&](const Tensor& pre_t, Tensor& y_t, Tensor& dpre_t) {
     return error_of(
-        [&] { ops::activation_linear_backward(be, Activation::GeluTanh, dy.t, act.t, pre_t, w2.t, dpre_t, dw.t, &db.t); });
+        [&] { ops::activation_linear_backward(be, Activation::GeluTanh, dy.t, pre_t, w2.t, y_t, dpre_t, dw.t, &db.t); });
   };
-  EXPECT_EQ(backward(pre.t, pre.t), "activation_linear_backward: dpre shares memory with the input pre");
-  EXPECT_EQ(backward(pre.t, act.t), "activation_linear_backward: dpre shares memory with the input x");
-  EXPECT_EQ(backward(narrow.t, dpre.t), "activation_linear_backward: pre has shape [5, 5], expected [5, 6]");
-  EXPECT_EQ(backward(pre.t, dpre.t), "(no error)");
+  EXPECT_EQ(backward(pre.t, act.t, pre.t), "activation_linear_backward: dpre shares memory with the input pre");
+  EXPECT_EQ(backward(pre.t, pre.t, dpre.t), "activation_linear_backward: y shares memory with the input pre");
+  EXPECT_EQ(backward(pre.t, act.t, act.t), "activation_linear_backward: outputs y and dpre share memory");
+  EXPECT_EQ(backward(narrow.t, act.t, dpre.t), "activation_linear_backward: pre has shape [5, 5], expected [5, 6]");
+  EXPECT_EQ(backward(pre.t, act.t, dpre.t), "(no error)");
 }
 
 // ---------------------------------------------------------------------------- attention

@@ -24,7 +24,7 @@ class CpuBackend final : public Backend {
                        Tensor* db) override;
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
                                  Tensor& y) override;
-  void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre, const Tensor& w,
+  void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w, Tensor& y,
                                   Tensor& dpre, Tensor& dw, Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& ctx, Tensor& workspace) override;

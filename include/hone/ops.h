@@ -16,8 +16,8 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
                      Tensor& dw, Tensor* db);
 void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                Tensor& pre, Tensor& y);
-void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
-                                const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db);
+void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
+                                Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db);
 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                        const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ class CudaBackend final : public Backend {
                        Tensor* db) override;
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
                                  Tensor& y) override;
-  void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre, const Tensor& w,
+  void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w, Tensor& y,
                                   Tensor& dpre, Tensor& dw, Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& ctx, Tensor& workspace) override;
@@ -136,7 +137,11 @@ class CudaBackend final : public Backend {
     GeluEpilogue gelu = GeluEpilogue::None;
     void* aux = nullptr;
   };
-  void lt_matmul(const LtGemm& g);
+  // False, having run nothing, only for a GELU epilogue that cuBLASLt has no kernel for
+  // here; any other product without an algorithm fails.
+  bool lt_matmul(const LtGemm& g);
+  // y = act(x) and dx = dx * act'(x) in one pass over x (elementwise.cu); dx holds dy on entry.
+  void activation_and_gradient(Activation a, const Tensor& x, Tensor& y, Tensor& dx);
 
  private:
   int device_;
@@ -185,7 +190,8 @@ class CudaBackend final : public Backend {
   // far more than the product for small shapes). Never evicted: a recorded step may only
   // meet products already chosen, since choosing times candidates.
   static constexpr int kLtKey = 21;
-  std::map<std::array<int64_t, kLtKey>, cublasLtMatmulAlgo_t> lt_algos_;
+  // nullopt: a GELU epilogue product without a kernel, run unfused instead.
+  std::map<std::array<int64_t, kLtKey>, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
 
   // attention.cu: cuDNN's handle and fused-attention plans, made on the first BF16/F16
   // attention call; freed by the destructor (cuda::destroy_sdpa_cache).

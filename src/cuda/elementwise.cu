@@ -43,6 +43,23 @@ struct Relu {
 struct ReluGrad {
   __device__ float operator()(float dy, float x) const { return x > 0.0f ? dy : 0.0f; }  // 0 at 0, as torch
 };
+// An activation and its gradient from one read of x: x becomes act(x), d becomes
+// d * act'(x). The erf GELU computes its erf once for both, the arithmetic of Gelu and
+// GeluGrad otherwise.
+struct GeluWithGrad {
+  __device__ void operator()(float& x, float& d) const {
+    const float cdf2 = 1.0f + erff(x * kInvSqrt2);  // 2 Phi(x)
+    d = d * (0.5f * cdf2 + x * kInvSqrt2Pi * expf(-0.5f * x * x));
+    x = 0.5f * x * cdf2;
+  }
+};
+template <typename F, typename G>
+struct WithGrad {
+  __device__ void operator()(float& x, float& d) const {
+    d = G{}(d, x);
+    x = F{}(x);
+  }
+};
 struct Tanh {
   __device__ float operator()(float x) const { return tanhf(x); }
 };
@@ -99,6 +116,22 @@ __global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, bool ve
 #pragma unroll
     for (int k = 0; k < V; ++k) va[k] = f(va[k], vb[k]);
     store_group(out, V * g, n, vec, va);
+  }
+}
+
+// y = act(x), dx = dx * act'(x): f(x, d) turns an element of x into y's, d into dx's.
+template <typename T, typename F>
+__global__ void with_grad_kernel(const T* x, T* y, T* dx, int64_t n, bool vec, F f) {
+  constexpr int V = cuda::kVec<T>;
+  const int64_t groups = groups_of<T>(n);
+  for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
+    float a[V], d[V];
+    load_group(x, V * g, n, vec, a);
+    load_group(dx, V * g, n, vec, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) f(a[k], d[k]);
+    store_group(y, V * g, n, vec, a);
+    store_group(dx, V * g, n, vec, d);
   }
 }
 
@@ -166,6 +199,20 @@ void launch_binary(cudaStream_t s, const Tensor& a, const Tensor& b, Tensor& out
   });
 }
 
+template <typename F>
+void launch_with_grad(cudaStream_t s, const Tensor& x, Tensor& y, Tensor& dx, F f) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  cuda::with_dtype(x.dtype, "activation with gradient", [&](auto t) {
+    using T = decltype(t);
+    const T* xp = x.ptr<T>();
+    T *yp = y.ptr<T>(), *dxp = dx.ptr<T>();
+    const bool vec = cuda::aligned16(xp) && cuda::aligned16(yp) && cuda::aligned16(dxp);
+    with_grad_kernel<<<cuda::blocks_for(groups_of<T>(n)), cuda::kThreads, 0, s>>>(xp, yp, dxp, n, vec, f);
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
 // residual may be null (plain dropout).
 void launch_dropout(cudaStream_t s, const Tensor& x, const Tensor* residual, const DropoutSpec& d, Tensor& out) {
   const int64_t n = x.numel();
@@ -197,6 +244,14 @@ void CudaBackend::activation_backward(Activation a, const Tensor& dy, const Tens
     case Activation::Gelu: return launch_binary(stream(), dy, x, dx, GeluGrad{});
     case Activation::GeluTanh: return launch_binary(stream(), dy, x, dx, GeluTanhGrad{});
     case Activation::Relu: return launch_binary(stream(), dy, x, dx, ReluGrad{});
+  }
+}
+
+void CudaBackend::activation_and_gradient(Activation a, const Tensor& x, Tensor& y, Tensor& dx) {
+  switch (a) {
+    case Activation::Gelu: return launch_with_grad(stream(), x, y, dx, GeluWithGrad{});
+    case Activation::GeluTanh: return launch_with_grad(stream(), x, y, dx, WithGrad<GeluTanh, GeluTanhGrad>{});
+    case Activation::Relu: return launch_with_grad(stream(), x, y, dx, WithGrad<Relu, ReluGrad>{});
   }
 }
 

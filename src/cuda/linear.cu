@@ -91,7 +91,7 @@ bool gelu_epilogue(Activation a, int64_t features, const void* aux) {
 
 }  // namespace
 
-void CudaBackend::lt_matmul(const LtGemm& g) {
+bool CudaBackend::lt_matmul(const LtGemm& g) {
   // Opaque descriptors on the stack: nothing to allocate or destroy per call.
   cublasLtMatmulDescOpaque_t desc_storage;
   cublasLtMatmulDesc_t desc = &desc_storage;
@@ -103,6 +103,7 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.op_b, sizeof(g.op_b)));
   HONE_CHECK(g.gelu != GeluEpilogue::Backward || !g.bias, "cuBLASLt product: a GELU-gradient epilogue takes no bias");
   HONE_CHECK((g.gelu == GeluEpilogue::None) == (g.aux == nullptr), "cuBLASLt product: a GELU epilogue needs its aux");
+  HONE_CHECK(g.gelu == GeluEpilogue::None || g.batch == 1, "cuBLASLt product: a GELU epilogue on a batched product");
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   switch (g.gelu) {
     case GeluEpilogue::None: epilogue = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT; break;
@@ -151,7 +152,10 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
                                            g.stride_b, g.stride_d, g.ab_type, g.d_type, int64_t(g.gelu),
                                            alignment(g.aux)};
   const cublasLtMatmulAlgo_t* algo = nullptr;
-  if (auto it = lt_algos_.find(key); it != lt_algos_.end()) algo = &it->second;
+  if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
+    if (!it->second) return false;  // an epilogue this cuBLASLt has no kernel for
+    algo = &*it->second;
+  }
   if (!algo) {
     cublasLtMatmulPreferenceOpaque_t pref_storage;
     cublasLtMatmulPreference_t pref = &pref_storage;
@@ -184,6 +188,10 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
     const bool tune = g.beta == 0.0f && g.ab_type != CUDA_R_32F;
     HONE_CUBLAS_CHECK(
         cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, tune ? kCandidates : 1, results, &found));
+    if (found == 0 && g.gelu != GeluEpilogue::None) {
+      lt_algos_.emplace(key, std::nullopt);
+      return false;
+    }
     if (found == 0)
       fail("cuBLASLt has no algorithm for the product m={} n={} k={} (ops {}{}{}{}, types {} -> {})", g.m, g.n, g.k,
            ta ? 'T' : 'N', tb ? 'T' : 'N', g.bias ? ", bias" : "",
@@ -214,10 +222,11 @@ void CudaBackend::lt_matmul(const LtGemm& g) {
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     }
-    algo = &lt_algos_.emplace(key, result.algo).first->second;
+    algo = &*lt_algos_.emplace(key, result.algo).first->second;
   }
   HONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &g.alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, algo,
                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));
+  return true;
 }
 
 void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) {
@@ -267,33 +276,41 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
 void CudaBackend::linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                             Tensor& pre, Tensor& y) {
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
-  if (m == 0 || !gelu_epilogue(a, n, pre.data)) {
-    linear_forward(x, w, b, pre);
-    activation_forward(a, pre, y);
-    return;
+  if (m > 0 && gelu_epilogue(a, n, pre.data)) {
+    LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, b ? b->data : nullptr};
+    g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);
+    g.gelu = GeluEpilogue::Forward;
+    g.aux = pre.data;
+    if (lt_matmul(g)) return;
   }
-  LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, b ? b->data : nullptr};
-  g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);
-  g.gelu = GeluEpilogue::Forward;
-  g.aux = pre.data;
-  lt_matmul(g);
+  linear_forward(x, w, b, pre);
+  activation_forward(a, pre, y);
 }
 
-void CudaBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
-                                             const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db) {
-  const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
-  if (m == 0 || !gelu_epilogue(a, k, pre.data)) {
-    linear_backward(dy, x, w, &dpre, false, dw, db);
-    activation_backward(a, dpre, pre, dpre);
-    return;
-  }
-  // dpre^T = (w^T dy^T) * GELU'(pre^T): linear_backward's dx product with the epilogue.
+void CudaBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
+                                             Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
+  const int64_t m = pre.shape[0], k = pre.shape[1], n = w.shape[0];
+  if (m == 0) return;  // nothing to add to dw and db
+  // dpre^T = w^T dy^T, linear_backward's dx product, times GELU'(pre^T) in its epilogue.
   LtGemm g{CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, w.data, k, dy.data, n, dpre.data, k, 0.0f};
-  g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);
-  g.gelu = GeluEpilogue::Backward;
-  g.aux = pre.data;
-  lt_matmul(g);
-  linear_backward(dy, x, w, nullptr, false, dw, db);
+  g.ab_type = g.d_type = cuda::cuda_dtype(pre.dtype);
+  bool fused = false;
+  if (gelu_epilogue(a, k, pre.data)) {
+    g.gelu = GeluEpilogue::Backward;
+    g.aux = pre.data;
+    fused = lt_matmul(g);
+  }
+  if (fused) {
+    activation_forward(a, pre, y);
+  } else {
+    // y and the gradient from one pass over pre, which evaluates the activation's costly
+    // part (erf for BERT's GELU) once for both.
+    g.gelu = GeluEpilogue::None;
+    g.aux = nullptr;
+    lt_matmul(g);
+    activation_and_gradient(a, pre, y, dpre);
+  }
+  linear_backward(dy, y, w, nullptr, false, dw, db);
 }
 
 }  // namespace hone

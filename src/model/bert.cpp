@@ -208,7 +208,9 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
     ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_drop(l, 1), w(P.ln1.g), w(P.ln1.b), eps, s.ln1_in,
                                        s.ln1_out, s.ln1_mean, s.ln1_rstd);
     s.ffn_pre = saved("ffn_preactivation", l, {T, I});
-    Tensor ffn_act = scratch("ffn_activation", {T, I});  // recomputed in backward rather than saved
+    // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
+    // computes it from the unrounded product, so the recomputation may differ by an ulp.)
+    Tensor ffn_act = scratch("ffn_activation", {T, I});
     ops::linear_activation_forward(be, act, s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre, ffn_act);
     s.ln2_in = saved("ffn_residual", l, {T, H});
     ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
@@ -319,10 +321,9 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
     mem.release(s.ln2_in);
     mem.release(s.ln2_mean);
     mem.release(s.ln2_rstd);
-    Tensor ffn_act = scratch("ffn_activation", {T, I});
-    ops::activation_forward(be, act, s.ffn_pre, ffn_act);
+    Tensor ffn_act = scratch("ffn_activation", {T, I});  // recomputed from ffn_pre
     Tensor d_pre = scratch("ffn_preactivation_grad", {T, I});
-    ops::activation_linear_backward(be, act, dh, ffn_act, s.ffn_pre, w(P.ffn_down.w), d_pre, gdown_w, &gdown_b);
+    ops::activation_linear_backward(be, act, dh, s.ffn_pre, w(P.ffn_down.w), ffn_act, d_pre, gdown_w, &gdown_b);
     mem.release(ffn_act);
     mem.release(s.ffn_pre);
     // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.

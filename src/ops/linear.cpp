@@ -63,20 +63,25 @@ void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const
   be.linear_activation_forward(a, x, w, b, pre, y);
 }
 
-void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
-                                const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db) {
+void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
+                                Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
   const char* op = "activation_linear_backward";
-  const auto [m, k, n] = linear_dims(be, op, x, w);
-  detail::expect(op, "dy", dy, x.dtype, {m, n});
-  detail::expect(op, "pre", pre, x.dtype, {m, k});
-  detail::expect(op, "dpre", dpre, x.dtype, {m, k});
+  detail::expect_compute(be, op, "pre", pre);
+  detail::expect_dtype(op, "w", w, pre.dtype);
+  detail::expect_rank(op, "w", w, 2);
+  detail::expect_rank(op, "dy", dy, 2);
+  const int64_t m = dy.shape[0], n = w.shape[0], k = w.shape[1];
+  detail::expect(op, "dy", dy, pre.dtype, {m, n});
+  detail::expect_shape(op, "pre", pre, {m, k});
+  detail::expect(op, "y", y, pre.dtype, {m, k});
+  detail::expect(op, "dpre", dpre, pre.dtype, {m, k});
   detail::expect(op, "dw", dw, DType::F32, {n, k});
   if (db) detail::expect(op, "db", *db, DType::F32, {n});
   if (be.dry_run) return;
   const Tensor none;
-  detail::expect_disjoint(op, {{"dpre", dpre}, {"dw", dw}, {"db", db ? *db : none}},
-                          {{"dy", dy}, {"x", x}, {"pre", pre}, {"w", w}}, {});
-  be.activation_linear_backward(a, dy, x, pre, w, dpre, dw, db);
+  detail::expect_disjoint(op, {{"y", y}, {"dpre", dpre}, {"dw", dw}, {"db", db ? *db : none}},
+                          {{"dy", dy}, {"pre", pre}, {"w", w}}, {});
+  be.activation_linear_backward(a, dy, pre, w, y, dpre, dw, db);
 }
 
 }  // namespace ops
@@ -148,9 +153,10 @@ void CpuBackend::linear_activation_forward(Activation a, const Tensor& x, const 
   activation_forward(a, pre, y);
 }
 
-void CpuBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& x, const Tensor& pre,
-                                            const Tensor& w, Tensor& dpre, Tensor& dw, Tensor* db) {
-  linear_backward(dy, x, w, &dpre, false, dw, db);
+void CpuBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
+                                            Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
+  activation_forward(a, pre, y);
+  linear_backward(dy, y, w, &dpre, false, dw, db);
   activation_backward(a, dpre, pre, dpre);
 }
 
