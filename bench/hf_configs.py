@@ -13,9 +13,10 @@ OUTFILE), except that each child is this wrapper, so it sees the added configura
 and that a child which times out gives an error line instead of ending the loop.
 N_SAMPLES (read by run_one) and the rest of the environment pass to the children.
 HF_TIMEOUT: seconds per child (default 300, the peer's).
-A name ending in _tanh runs the configuration without the suffix on bert-large with
-hidden_act gelu_pytorch_tanh: BertConfig's default activation is changed before the peer's
-run_one builds its config (which names no activation), and the log says so.
+A name ending in _tanh (not listed, and not in a bare `all`) runs the configuration without
+the suffix on bert-large with hidden_act gelu_pytorch_tanh: BertConfig's default activation
+is changed before the peer's run_one builds its BertConfig(...), which names no activation,
+and the log says so.
 """
 import importlib.util
 import json
@@ -46,7 +47,7 @@ def use_tanh_gelu():
     act = transformers.BertConfig(num_labels=2).hidden_act
     if act != "gelu_pytorch_tanh":
         sys.exit(f"hf_configs.py: could not make the tanh GELU BertConfig's default (got {act!r})")
-    print(f"hf_configs.py: BertConfig's hidden_act is now {act}", file=sys.stderr, flush=True)
+    print(f"hf_configs.py: BertConfig(...) without hidden_act now gives {act}", file=sys.stderr, flush=True)
 
 
 def load_peer(path):
@@ -58,9 +59,11 @@ def load_peer(path):
     spec.loader.exec_module(mod)  # the peer's main block does not run: __name__ is not "__main__"
     for name, overrides in EXTRA_CONFIGS.items():
         mod.CONFIGS.setdefault(name, overrides)
-    for name in list(mod.CONFIGS):
-        mod.CONFIGS.setdefault(name + TANH, mod.CONFIGS[name])
     return mod
+
+
+def known(configs, name):
+    return name in configs or (name.endswith(TANH) and name[: -len(TANH)] in configs)
 
 
 def run_all(peer_path, configs, outfile, names):
@@ -92,15 +95,16 @@ def main(argv):
     elif cmd == "all":
         if len(argv) < 4:
             sys.exit(__doc__)
-        unknown = [n for n in argv[4:] if n not in peer.CONFIGS]
+        unknown = [n for n in argv[4:] if not known(peer.CONFIGS, n)]
         if unknown:
             sys.exit(f"hf_configs.py: unknown configurations {unknown}; known: {list(peer.CONFIGS)}")
         run_all(peer_path, peer.CONFIGS, argv[3], argv[4:])
     else:
-        if cmd not in peer.CONFIGS:
+        if not known(peer.CONFIGS, cmd):
             sys.exit(f"hf_configs.py: unknown configuration {cmd!r}; known: {list(peer.CONFIGS)}")
-        if cmd.endswith(TANH):
+        if cmd not in peer.CONFIGS:  # NAME_tanh: NAME's arguments, the tanh GELU
             use_tanh_gelu()
+            peer.CONFIGS[cmd] = peer.CONFIGS[cmd[: -len(TANH)]]
         peer.run_one(cmd)
 
 

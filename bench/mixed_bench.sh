@@ -39,10 +39,6 @@ if [ ! -f build-bench/build.ninja ]; then
 fi
 ninja -C build-bench hone >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
 
-# A first run of a precision reads cuBLAS's and cuDNN's kernels for it from a cold disk
-# cache, seconds that would land inside the measured steps (bs4 once measured 160 samples/s
-# so in bf16, and 200 in fp16 after a bf16-only warm-up): a short run of each precision
-# loads them before anything is timed.
 # bert-large-uncased as a config.json, its GELU the tanh form, for the _tanh configurations.
 tanh_config="$out/tanh_config"
 mkdir -p "$tanh_config"
@@ -52,18 +48,26 @@ cat >"$tanh_config/config.json" <<'EOF'
  "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 512, "type_vocab_size": 2}
 EOF
 
-for prec in $(printf '%s\n' $configs | sed -E 's/^bs[0-9]+_([a-z0-9]+).*/\1/' | sort -u); do
+# A first run of a precision reads cuBLAS's and cuDNN's kernels for it from a cold disk
+# cache, seconds that would land inside the measured steps (bs4 once measured 160 samples/s
+# so in bf16, and 200 in fp16 after a bf16-only warm-up): a short run of each precision and
+# model (the tanh GELU's epilogue kernels are others) loads them before anything is timed.
+for warm in $(printf '%s\n' $configs | sed -E 's/^bs[0-9]+_//' | sort -u); do
+  prec=${warm%_tanh}
+  model_flags=()
+  [[ $warm == *_tanh ]] && model_flags=(--config_name "$tanh_config")
   timeout "${HONE_TIMEOUT:-300}" build-bench/hone train --model_name_or_path bert-large-uncased \
     --dataset synthetic:64x512 --save_strategy no --per_device_train_batch_size 4 --num_train_epochs 1 \
-    --disable_tqdm --output_dir "$out/warmup" "--$prec" >"$out/warmup_$prec.log" 2>&1 || echo "$prec warm-up failed"
+    --disable_tqdm --output_dir "$out/warmup" "--$prec" "${model_flags[@]}" >"$out/warmup_$warm.log" 2>&1 ||
+    echo "$warm warm-up failed"
   rm -rf "$out/warmup"
 done
 
 for cfg in $configs; do
   b=${cfg%%_*}; b=${b#bs}
   prec=${cfg#*_}; prec=${prec%_tanh}
-  model_flags=""; hf_name="${prec}_fused_bs$b"
-  if [[ $cfg == *_tanh ]]; then model_flags="--config_name $tanh_config"; hf_name+="_tanh"; fi
+  model_flags=(); hf_name="${prec}_fused_bs$b"
+  if [[ $cfg == *_tanh ]]; then model_flags=(--config_name "$tanh_config"); hf_name+="_tanh"; fi
   if [ -n "${MIXED_N:-}" ]; then n=$MIXED_N
   elif [ "$b" -ge 32 ]; then n=${MIXED_N_LARGE:-4096}
   else n=${MIXED_N_SMALL:-2048}; fi
@@ -73,7 +77,7 @@ for cfg in $configs; do
   rm -rf "$out/hone_$cfg"
   timeout "${HONE_TIMEOUT:-300}" build-bench/hone train --model_name_or_path bert-large-uncased \
     --dataset "synthetic:${n}x512" --save_strategy no --per_device_train_batch_size "$b" --num_train_epochs 1 \
-    --disable_tqdm --output_dir "$out/hone_$cfg" "--$prec" $model_flags ${HONE_FLAGS:-} >"$out/hone_$cfg.log" 2>&1
+    --disable_tqdm --output_dir "$out/hone_$cfg" "--$prec" "${model_flags[@]}" ${HONE_FLAGS:-} >"$out/hone_$cfg.log" 2>&1
   rc=$?
   rm -f "$out/hone_$cfg/model.safetensors"  # 1.3 GB that the table does not need
   if [ $rc -ne 0 ]; then

@@ -85,17 +85,20 @@ TEST(Cli, EstimatePlansMixedPrecision) {
 // the run and the config.json it saves use it, and weights that do not fit it are refused.
 TEST(Cli, ConfigNameReplacesTheModelsConfiguration) {
   test::TempDir tmp;
-  const std::string model = write_model(tmp.path + "/model"), out = tmp.path + "/out";
+  const std::string model = write_model(tmp.path + "/model");
   BertConfig tanh = BertConfig::load(model + "/config.json");
   tanh.hidden_act = "gelu_pytorch_tanh";
   std::filesystem::create_directories(tmp.path + "/tanh");
   tanh.save(tmp.path + "/tanh/config.json");
+  int run = 0;
   for (const std::string& config : {tmp.path + "/tanh", tmp.path + "/tanh/config.json"}) {
+    const std::string out = tmp.path + "/out" + std::to_string(run++);
     Result r = hone("train --model_name_or_path " + model + " --config_name " + config +
                     " --dataset synthetic:8x16 --per_device_train_batch_size 4 --output_dir " + out);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(BertConfig::load(out + "/config.json").hidden_act, "gelu_pytorch_tanh") << config;
   }
+  const std::string out = tmp.path + "/out_refused";
   Result wide = hone("train --model_name_or_path " + model + " --config_name bert-tiny --dataset synthetic:8x16" +
                      " --output_dir " + out);
   EXPECT_NE(wide.code, 0);
