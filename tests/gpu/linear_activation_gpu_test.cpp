@@ -99,8 +99,9 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
         // 256 x 1024), so 3e-5 there: still far below the 8.7e-4 by which the erf GELU's
         // gradient differs from the tanh one's.
         expect_close("dpre" + at, gdpre.download(), dpre, t == DType::F32 ? 3e-5 : tolerance(t, 2));
-        // dw reads the recomputed act, rounded to the dtype (the CPU's is exact).
-        expect_close("dw (F32, accumulated)" + at, gdw.download(), dw, tolerance(t, 1));
+        // dw reads the recomputed act, rounded to the dtype (the CPU's is exact), and TF32
+        // rounds it again to 10 bits in the product (2^-11 = 4.9e-4).
+        expect_close("dw (F32, accumulated)" + at, gdw.download(), dw, v.be == tf32.get() ? 1e-3 : tolerance(t, 1));
         expect_close("db (F32, accumulated)" + at, gdb.download(), db, 1e-5);
       }
     }
@@ -110,7 +111,9 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
 // Whether the activation ran in the product's epilogue shows in bf16: the epilogue applies
 // it to the unrounded F32 product, the unfused ops to the product rounded to bf16. So the
 // tanh GELU's outputs (forward y, backward dpre) differ from "the unfused ops on the rounded
-// values" in many elements, and the erf GELU's (run unfused) in almost none.
+// values" in many elements (H200: 36% and 26%), and the erf GELU's (run unfused) in few:
+// those where 1 + erf(x) cancels (x below about -3) and the GPU's erff and the CPU's
+// std::erf, a few F32 ulps apart there, round to neighbouring bf16 values (1.5% and 0.4%).
 TEST_F(GpuLinearActivation, TheTanhGeluRunsInTheEpilogueTheErfGeluDoesNot) {
   Backend& g = gpu();
   const DType t = DType::BF16;
@@ -152,11 +155,11 @@ TEST_F(GpuLinearActivation, TheTanhGeluRunsInTheEpilogueTheErfGeluDoesNot) {
     std::printf("[activation %d] bf16 outputs unlike the unfused ops': forward %.2f%%, backward %.2f%%\n", int(a),
                 100 * forward, 100 * backward);
     if (a == Activation::GeluTanh) {
-      EXPECT_GT(forward, 0.01) << "the tanh GELU forward did not run in the epilogue";
-      EXPECT_GT(backward, 0.01) << "the tanh GELU gradient did not run in the epilogue";
+      EXPECT_GT(forward, 0.1) << "the tanh GELU forward did not run in the epilogue";
+      EXPECT_GT(backward, 0.1) << "the tanh GELU gradient did not run in the epilogue";
     } else {
-      EXPECT_LT(forward, 0.002) << "the erf GELU forward is not the unfused ops";
-      EXPECT_LT(backward, 0.002) << "the erf GELU gradient is not the unfused ops";
+      EXPECT_LT(forward, 0.05) << "the erf GELU forward is not the unfused ops";
+      EXPECT_LT(backward, 0.05) << "the erf GELU gradient is not the unfused ops";
     }
   }
 }
