@@ -37,6 +37,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
     fail("GPU {} ({}) has compute capability {}.{}; hone needs 8.0 (Ampere) or newer", device_, prop.name,
          prop.major, prop.minor);
   name_ = fmt::format("cuda:{} ({})", device_, prop.name);
+  sms_ = prop.multiProcessorCount;
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
@@ -217,7 +218,6 @@ int CudaBackend::end_recording() {
   try {
     finish_segment();
   } catch (...) {
-    recording_ = false;
     abort_recording();
     throw;
   }

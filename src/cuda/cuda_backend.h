@@ -145,6 +145,7 @@ class CudaBackend final : public Backend {
 
  private:
   int device_;
+  int sms_ = 0;  // streaming multiprocessors, for the grids of kernels that fill the GPU once
   bool tf32_;
   std::string name_;
   cudaStream_t stream_ = nullptr;

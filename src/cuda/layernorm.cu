@@ -294,15 +294,13 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
                                      const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const int64_t cols = x.shape[x.shape.rank - 1], rows = mean.numel();
   if (rows == 0) return;
-  int sms = 0;
-  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   cuda::with_dtype(x.dtype, "layernorm_backward", [&](auto t) {
     using T = decltype(t);
     if (vec_ok<T>(cols, {dy.data, x.data, gamma.data, dx.data}))
       layernorm_backward_as<T, cuda::kVec<T>, false>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, {},
-                                                     nullptr, sms, stream_);
+                                                     nullptr, sms_, stream_);
     else
-      layernorm_backward_as<T, 1, false>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, {}, nullptr, sms,
+      layernorm_backward_as<T, 1, false>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, {}, nullptr, sms_,
                                          stream_);
   });
 }
@@ -340,8 +338,6 @@ void CudaBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum
                                              Tensor& dsum, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const int64_t cols = sum.shape[sum.shape.rank - 1], rows = mean.numel();
   if (rows == 0) return;
-  int sms = 0;
-  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   cuda::with_dtype(sum.dtype, "layernorm_dropout_backward", [&](auto t) {
     using T = decltype(t);
     const bool vec = vec_ok<T>(cols, {dy.data, sum.data, gamma.data, dsum.data});
@@ -352,10 +348,10 @@ void CudaBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum
     }
     if (vec)
       layernorm_backward_as<T, cuda::kVec<T>, true>(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta, rows, cols,
-                                                    fused_dropout(d), dx.ptr<T>(), sms, stream_);
+                                                    fused_dropout(d), dx.ptr<T>(), sms_, stream_);
     else
       layernorm_backward_as<T, 1, true>(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta, rows, cols,
-                                        fused_dropout(d), dx.ptr<T>(), sms, stream_);
+                                        fused_dropout(d), dx.ptr<T>(), sms_, stream_);
   });
 }
 

@@ -260,16 +260,14 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     lt_matmul(gb);
     return;
   }
-  int sms = 0;
-  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
   cuda::with_dtype(dy.dtype, "linear_backward", [&](auto t) {
     using T = decltype(t);
     constexpr int V = cuda::kVec<T>;
     const T* p = dy.ptr<T>();
     if (n % V == 0 && cuda::aligned16(p))
-      column_sum<T, V>(p, db->f32(), m, n, sms, stream_);
+      column_sum<T, V>(p, db->f32(), m, n, sms_, stream_);
     else
-      column_sum<T, 1>(p, db->f32(), m, n, sms, stream_);
+      column_sum<T, 1>(p, db->f32(), m, n, sms_, stream_);
   });
 }
 
