@@ -130,7 +130,7 @@ TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
            {"train --per_device_batch_size 4", "per_device_batch_size"},
            {"train --per_device_train_batch_size 0", "--per_device_train_batch_size"},
            {"train --learning_rate nan", "--learning_rate"},
-           {"train --optim adafactor", "adafactor"},
+           {"train --optim galore_adamw", "galore_adamw"},
            {"train --dataset foo", "synthetic:NxL"},
            {"train --model_name_or_path no-such-model", "bert-large-uncased"},
            {"train --model_name_or_path " + small + " --dataset synthetic:8x8" + out, "vocab_size"},

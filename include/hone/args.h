@@ -57,7 +57,8 @@ struct TrainingArguments {
   std::string lr_scheduler_type = "linear";  // linear | constant | constant_with_warmup | cosine
   double warmup_ratio = 0.0;
   int64_t warmup_steps = 0;                  // > 0 overrides warmup_ratio
-  std::string optim = "adamw_torch";         // adamw_torch | adamw_torch_fused (the same update in hone)
+  std::string optim = "adamw_torch";         // see optimizer_names() (src/optim/registry.cpp)
+  std::string optim_args;                    // "key=value,key=value" for the optimizer
   uint64_t seed = 42;
   // logging and output
   int64_t logging_steps = 500;

@@ -1,8 +1,8 @@
 #pragma once
 // The training loop with Trainer's semantics: epochs of shuffled micro-batches,
 // gradient accumulation (loss divided by the number of micro-batches in the window),
-// gradient clipping, AdamW with bias and LayerNorm parameters excluded from weight
-// decay, the learning-rate schedule stepped after each update, and logging every
+// gradient clipping, the optimizer (--optim) with bias and LayerNorm parameters excluded
+// from weight decay, the learning-rate schedule stepped after each update, and logging every
 // logging_steps updates.
 #include <array>
 #include <cstdint>
@@ -21,6 +21,7 @@
 #include "hone/bert.h"
 #include "hone/data.h"
 #include "hone/memory.h"
+#include "hone/optimizer.h"
 
 namespace hone {
 
@@ -85,9 +86,12 @@ class TrainingRun {
   void write_weights(const float* host);
   void read_weights(float* host);
   void read_grads(float* host);  // the gradients of the loss (unscaled under fp16)
-  // The AdamW moments (layout().count() floats each), for checkpoints.
-  void read_optimizer_state(float* exp_avg, float* exp_avg_sq);
-  void write_optimizer_state(const float* exp_avg, const float* exp_avg_sq);
+  // The optimizer (--optim); its state lives in this run's memory.
+  const Optimizer& optimizer() const;
+  // Copies between a tensor of this run (the optimizer's state) and host memory of
+  // t.bytes() bytes, for checkpoints.
+  void copy_to_host(const Tensor& t, void* host);
+  void copy_from_host(const void* host, const Tensor& t);
   int max_seq_len() const { return seq_; }
 
   // One micro-batch from host rows (batch x seq); accumulates gradients and the loss.
@@ -98,8 +102,8 @@ class TrainingRun {
   void micro_step(const Batch& b, float grad_scale, uint64_t dropout_step);
   // Inference on a collated batch (dropout off, no gradients).
   void infer(const Batch& b, const ForwardOutputs& out);
-  // Clip, AdamW at this learning rate (update number `step`, 1-based, counting applied
-  // updates only), zero gradients. Under fp16 a step whose gradients overflow is skipped
+  // Clip, the optimizer's update at this learning rate (update number `step`, 1-based,
+  // counting applied updates only), zero gradients. Under fp16 a step whose gradients overflow is skipped
   // on the device, and the loss scale backs off.
   void optimizer_step(double lr, int64_t step);
   // fp16: optimizer steps skipped so far (waits for the last queued step's outcome, which
@@ -135,12 +139,13 @@ class TrainingRun {
   void stage_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
                    uint64_t dropout_step, const BatchTensors& b, const Tensor& step);
   void run_optimizer_step(BufferSource& mem, double lr, int64_t step);
-  void optimizer_body(BufferSource& mem, const AdamWStep& s);
+  void optimizer_body(BufferSource& mem);
 
   // Recorded steps (CUDA graphs, --cuda_graphs): a micro-step shape runs eagerly the first
   // time (cuBLASLt and cuDNN choose their algorithms by timing then), is recorded the
   // second time, and is replayed after that. What a replay needs that changes from step
-  // to step is staged into memory it reads: the batch, the dropout step, AdamW's scalars.
+  // to step is staged into memory it reads: the batch, the dropout step, the optimizer's
+  // scalars.
   enum class StepMode : uint8_t { Eager, Record, Replay };
   struct StepGraphs {
     int seen = 0;
@@ -175,24 +180,25 @@ class TrainingRun {
   Backend& be_;
   std::unique_ptr<BertForSequenceClassification> model_;
   std::unique_ptr<PlannedMemory> mem_;
-  Tensor adam_m_, adam_v_, loss_sum_, sumsq_, norm_coef_;
+  std::unique_ptr<Optimizer> optimizer_;
+  Tensor loss_sum_, sumsq_, norm_coef_;
   // fp16 loss scaling: the device state, and a page-locked host copy of
   // {norm_coef[2] (skipped), scale, clean steps} read back one step late.
   Tensor scaler_;
   float* scaler_host_ = nullptr;
   bool scaler_read_pending_ = false;
   int64_t skipped_steps_ = 0;
-  // Page-locked host sources of staged values (the dropout step, AdamW's scalars, class
-  // ids as I32), their staging buffers on the device, and AdamW's scalars as it reads them.
+  // Page-locked host sources of staged values (the dropout step, the optimizer's scalars,
+  // class ids as I32), their staging buffers on the device, and the optimizer's scalars as
+  // it reads them.
   void* host_staging_ = nullptr;
   int64_t* host_step_ = nullptr;
-  AdamWScalars* host_adamw_ = nullptr;
+  float* host_scalars_ = nullptr;
   int32_t* host_labels_ = nullptr;
-  Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_adamw_, adamw_scalars_;
-  // Tensor lists of the multi-tensor optimizer ops, refilled each step within their
-  // reserved capacity (no allocation).
+  Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_scalars_, optimizer_scalars_;
+  // The gradients of each group (the multi-tensor norm's list and the optimizer's
+  // target), refilled each step within their reserved capacity (no allocation).
   std::vector<Tensor> grad_list_;
-  std::vector<AdamWSlice> adamw_list_;
 };
 
 // ---------------------------------------------------------------- the loop

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "hone/error.h"
+#include "hone/optimizer.h"
 #include "train/arguments_cli.h"
 
 namespace hone {
@@ -40,7 +41,6 @@ bool one_of(const std::string& value, const std::array<std::string_view, N>& cho
 
 constexpr std::array<std::string_view, 4> kSchedulers = {"linear", "constant",
                                                          "constant_with_warmup", "cosine"};
-constexpr std::array<std::string_view, 2> kOptimizers = {"adamw_torch", "adamw_torch_fused"};
 constexpr std::array<std::string_view, 3> kDevices = {"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 3> kEvalStrategies = {"no", "steps", "epoch"};
 constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps", "epoch", "best"};
@@ -110,7 +110,8 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
       "linear, constant, constant_with_warmup or cosine");
   add(app, "warmup_ratio", a.warmup_ratio, "Fraction of steps for linear warmup");
   add(app, "warmup_steps", a.warmup_steps, "Warmup steps; > 0 overrides --warmup_ratio");
-  add(app, "optim", a.optim, "adamw_torch or adamw_torch_fused");
+  add(app, "optim", a.optim, "Optimizer: " + fmt::format("{}", fmt::join(optimizer_names(), ", ")));
+  add(app, "optim_args", a.optim_args, "Optimizer settings as key=value,key=value (e.g. momentum=0.9 for sgd)");
   // Some CLI11 versions read "-1" into an unsigned field as 2^64 - 1.
   add(app, "seed", a.seed, "Random seed")->check([](const std::string& v) {
     return v.starts_with('-') ? "must be >= 0, got " + v : std::string();
@@ -219,13 +220,11 @@ void validate(const TrainingArguments& a) {
   }
   if (a.save_strategy == "best" && !evaluates) fail("--save_strategy best needs --eval_strategy steps or epoch");
 
-  // Other HF scheduler and optimizer names are valid there, so say they are missing here.
+  // Other HF scheduler names are valid there, so say they are missing here.
   if (!one_of(a.lr_scheduler_type, kSchedulers))
     fail("--lr_scheduler_type: hone does not implement '{}' yet; supported: {}",
          a.lr_scheduler_type, fmt::join(kSchedulers, ", "));
-  if (!one_of(a.optim, kOptimizers))
-    fail("--optim: hone does not implement '{}' yet; supported: {}", a.optim,
-         fmt::join(kOptimizers, ", "));
+  validate_optimizer(a);
   if (!one_of(a.device, kDevices))
     fail("--device: expected one of {}, got '{}'", fmt::join(kDevices, ", "), a.device);
   if (a.train_file.empty()) parse_synthetic_dataset(a.dataset);

@@ -41,6 +41,49 @@ int64_t checkpoint_step(const std::string& name) {
   return r.ec == std::errc{} && r.ptr == e && b != e ? step : -1;
 }
 
+// Trainer writes optimizer.pt (a pickled torch state); hone writes the optimizer's state
+// tensors as safetensors, in the model's flat parameter order, with the optimizer that
+// wrote them in the metadata.
+void save_optimizer_state(const std::string& path, TrainingRun& run, int64_t step) {
+  const Optimizer& opt = run.optimizer();
+  const std::vector<StateTensor> state = opt.state();
+  std::vector<std::vector<std::byte>> bytes(state.size());
+  std::vector<NamedTensor> named;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const Tensor& t = state[i].tensor;
+    bytes[i].resize(t.bytes());
+    run.copy_to_host(t, bytes[i].data());
+    named.push_back({state[i].name, Tensor{bytes[i].data(), t.dtype, t.shape, Device::CPU}});
+  }
+  write_safetensors(path, named,
+                    {{"format", "hone"},
+                     {"optim", std::string(opt.name())},
+                     {"optimizer_state", std::string(opt.state_kind())},
+                     {"step", std::to_string(step)}});
+}
+
+void load_optimizer_state(const std::string& path, TrainingRun& run) {
+  const Optimizer& opt = run.optimizer();
+  SafetensorsFile file(path);
+  // Checkpoints from before optimizers were components hold AdamW's moments and no kind.
+  const auto kind = file.metadata().find("optimizer_state");
+  const std::string saved = kind == file.metadata().end() ? "adamw" : kind->second;
+  if (saved != opt.state_kind()) {
+    const auto optim = file.metadata().find("optim");
+    fail("{}: the checkpoint holds the state of {} ({}); this run's --optim {} keeps {}", path,
+         optim == file.metadata().end() ? "adamw_torch" : "--optim " + optim->second, saved, opt.name(),
+         opt.state_kind());
+  }
+  for (const StateTensor& s : opt.state()) {
+    const SafetensorsEntry* e = file.find(s.name);
+    if (!e) fail("{}: no tensor {} for --optim {}", path, s.name, opt.name());
+    if (e->dtype != s.tensor.dtype || e->numel() != s.tensor.numel())
+      fail("{}: {} is {} of {} elements; this run's --optim {} keeps {} of {}", path, s.name, dtype_name(e->dtype),
+           e->numel(), opt.name(), dtype_name(s.tensor.dtype), s.tensor.numel());
+    run.copy_from_host(e->data, s.tensor);
+  }
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& output_dir, int64_t step) {
@@ -111,18 +154,11 @@ void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles&
   if (ec) fail("cannot create {}: {}", tmp.string(), ec.message());
 
   const ParamLayout& layout = run.model().layout();
-  const auto n = size_t(layout.count());
-  std::vector<float> host(n), m(n), v(n);
+  std::vector<float> host(size_t(layout.count()));
   run.read_weights(host.data());
   save_pretrained(tmp.string(), files.config, layout, host.data());
   if (files.tokenizer) files.tokenizer->save(tmp.string());
-  run.read_optimizer_state(m.data(), v.data());
-  // Trainer writes optimizer.pt (a pickled torch state); hone writes the same moments as
-  // safetensors, flat in the model's parameter order.
-  write_safetensors((tmp / "optimizer.safetensors").string(),
-                    {{"exp_avg", Tensor{m.data(), DType::F32, {int64_t(n)}, Device::CPU}},
-                     {"exp_avg_sq", Tensor{v.data(), DType::F32, {int64_t(n)}, Device::CPU}}},
-                    {{"format", "hone"}, {"step", std::to_string(state.global_step)}});
+  save_optimizer_state((tmp / "optimizer.safetensors").string(), run, state.global_step);
   nlohmann::ordered_json sched;
   sched["lr_scheduler_type"] = a.lr_scheduler_type;
   const int64_t applied = state.global_step - run.skipped_steps();  // fp16 skips hold the schedule
@@ -173,21 +209,14 @@ TrainerState load_checkpoint(const std::string& dir, TrainingRun& run) {
          dir, saved.num_hidden_layers, saved.hidden_size, saved.num_labels, mine.num_hidden_layers, mine.hidden_size,
          mine.num_labels);
   const ParamLayout& layout = run.model().layout();
-  const auto n = size_t(layout.count());
-  std::vector<float> host(n), m(n), v(n);
+  std::vector<float> host(size_t(layout.count()));
   LoadReport r = load_weights((d / "model.safetensors").string(), mine, layout, host.data(), 0);
   if (!r.initialized.empty())
     fail("{}/model.safetensors lacks {} of the model's parameters (first: {})", dir, r.initialized.size(),
          r.initialized.front());
   run.write_weights(host.data());
 
-  const std::string opt_path = (d / "optimizer.safetensors").string();
-  SafetensorsFile opt(opt_path);
-  const SafetensorsEntry *em = opt.find("exp_avg"), *ev = opt.find("exp_avg_sq");
-  if (!em || !ev) fail("{}: exp_avg and exp_avg_sq expected", opt_path);
-  opt.read_f32(*em, m.data(), int64_t(n));
-  opt.read_f32(*ev, v.data(), int64_t(n));
-  run.write_optimizer_state(m.data(), v.data());
+  load_optimizer_state((d / "optimizer.safetensors").string(), run);
   if (run.loss_scaling()) {
     const fs::path scaler_path = d / "scaler.json";
     if (fs::exists(scaler_path)) {

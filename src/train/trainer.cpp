@@ -52,12 +52,12 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
       phases_(phases),
       scoped_grads_(grads == GradientMemory::StepScoped),
       be_(be),
-      model_(std::make_unique<BertForSequenceClassification>(c)) {
+      model_(std::make_unique<BertForSequenceClassification>(c)),
+      optimizer_(make_optimizer(a)) {
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
   grad_list_.reserve(model_->layout().groups().size());
-  adamw_list_.reserve(2 * model_->layout().groups().size());
 }
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
@@ -68,12 +68,13 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   setup(*mem_);
   mem_->end_phase();
   if (phases_.train) {
-    const size_t labels_at = sizeof(int64_t) + sizeof(AdamWScalars);
+    const size_t labels_at = sizeof(int64_t) + sizeof(float) * kOptimizerScalarsSize;
     host_staging_ = be_.allocate_host(labels_at + sizeof(int32_t) * size_t(a.per_device_train_batch_size));
     host_step_ = static_cast<int64_t*>(host_staging_);
-    host_adamw_ = reinterpret_cast<AdamWScalars*>(static_cast<char*>(host_staging_) + sizeof(int64_t));
+    host_scalars_ = reinterpret_cast<float*>(static_cast<char*>(host_staging_) + sizeof(int64_t));
     host_labels_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_staging_) + labels_at);
-    for (Tensor* t : {&adam_m_, &adam_v_, &loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
+    optimizer_->reset_state(be_);
+    for (Tensor* t : {&loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
     if (!scoped_grads_)
       for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
     if (loss_scaling()) {
@@ -130,9 +131,7 @@ void TrainingRun::setup(BufferSource& mem) {
   // Without training, no gradient buffer is ever taken (as with step-scoped ones).
   model_->bind_parameters(mem, scoped_grads_ || !phases_.train, compute_dtype(args_));
   if (!phases_.train) return;
-  const int64_t n = model_->layout().count();
-  adam_m_ = mem.take(Category::OptimizerState, "adam_exp_avg", -1, DType::F32, {n});
-  adam_v_ = mem.take(Category::OptimizerState, "adam_exp_avg_sq", -1, DType::F32, {n});
+  optimizer_->take_state(mem, model_->layout());
   loss_sum_ = mem.take(Category::Workspace, "loss_sum", -1, DType::F32, {1});
   sumsq_ = mem.take(Category::Workspace, "grad_sum_squares", -1, DType::F32, {1});
   norm_coef_ = mem.take(Category::Workspace, "grad_norm_and_clip", -1, DType::F32, {kNormCoefSize});
@@ -145,8 +144,8 @@ void TrainingRun::setup(BufferSource& mem) {
   staged_labels_ =
       mem.take(Category::Workspace, "staged_labels", -1, model_->regression() ? DType::F32 : DType::I32, {B});
   staged_step_ = mem.take(Category::Workspace, "staged_dropout_step", -1, DType::I64, {1});
-  staged_adamw_ = mem.take(Category::Workspace, "staged_adamw_scalars", -1, DType::F32, {kAdamWScalarsSize});
-  adamw_scalars_ = mem.take(Category::Workspace, "adamw_scalars", -1, DType::F32, {kAdamWScalarsSize});
+  staged_scalars_ = mem.take(Category::Workspace, "staged_optimizer_scalars", -1, DType::F32, {kOptimizerScalarsSize});
+  optimizer_scalars_ = mem.take(Category::Workspace, "optimizer_scalars", -1, DType::F32, {kOptimizerScalarsSize});
 }
 
 float* TrainingRun::host_weights() {
@@ -201,18 +200,20 @@ void TrainingRun::read_weights(float* host) {
   be_.synchronize();
 }
 
-void TrainingRun::read_optimizer_state(float* exp_avg, float* exp_avg_sq) {
-  HONE_CHECK(phases_.train, "a run planned for inference has no optimizer state");
-  Tensor m = host_tensor(exp_avg, DType::F32, adam_m_.shape), v = host_tensor(exp_avg_sq, DType::F32, adam_v_.shape);
-  ops::copy(be_, adam_m_, m);
-  ops::copy(be_, adam_v_, v);
+const Optimizer& TrainingRun::optimizer() const {
+  HONE_CHECK(phases_.train, "a run planned for inference has no optimizer");
+  return *optimizer_;
+}
+
+void TrainingRun::copy_to_host(const Tensor& t, void* host) {
+  Tensor dst = host_tensor(host, t.dtype, t.shape);
+  ops::copy(be_, t, dst);
   be_.synchronize();
 }
 
-void TrainingRun::write_optimizer_state(const float* exp_avg, const float* exp_avg_sq) {
-  HONE_CHECK(phases_.train, "a run planned for inference has no optimizer state");
-  ops::copy(be_, host_tensor(exp_avg, DType::F32, adam_m_.shape), adam_m_);
-  ops::copy(be_, host_tensor(exp_avg_sq, DType::F32, adam_v_.shape), adam_v_);
+void TrainingRun::copy_from_host(const void* host, const Tensor& t) {
+  Tensor dst = t;
+  ops::copy(be_, host_tensor(host, t.dtype, t.shape), dst);
   be_.synchronize();
 }
 
@@ -391,15 +392,15 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   }
   if (!scoped_grads_ && mode != StepMode::Replay) mem.begin_phase(Phase::OptimizerStep);
   be_.mark(StepSpan::Optimizer);
-  const AdamWStep s{lr, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon, args_.weight_decay, step,
-                    &adamw_scalars_};
+  HONE_CHECK(step >= 1, "optimizer step {}: updates count from 1", step);
   if (!be_.dry_run) {
     be_.wait_for_copies();  // the last step's scalars have left the host buffer
-    *host_adamw_ = adamw_scalars(s);
-    be_.stage(host_tensor(host_adamw_, DType::F32, {kAdamWScalarsSize}), staged_adamw_);
-    be_.take_staged(staged_adamw_, adamw_scalars_);
+    std::fill_n(host_scalars_, kOptimizerScalarsSize, 0.0f);
+    optimizer_->scalars(lr, step, host_scalars_);
+    be_.stage(host_tensor(host_scalars_, DType::F32, {kOptimizerScalarsSize}), staged_scalars_);
+    be_.take_staged(staged_scalars_, optimizer_scalars_);
   }
-  run_as(mode, graphs, &StepGraphs::optimizer, [&] { optimizer_body(mem, s); });
+  run_as(mode, graphs, &StepGraphs::optimizer, [&] { optimizer_body(mem); });
   // Whether this step was skipped, and the new scale: read back once the next micro-step
   // is queued (skipped_steps), so the GPU never idles waiting on the host.
   if (loss_scaling() && !be_.dry_run) scaler_read_pending_ = true;
@@ -408,29 +409,22 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   if (mode != StepMode::Replay) mem.end_phase();
 }
 
-// Clip, AdamW and zeroed gradients: everything an optimizer step queues on the device.
-void TrainingRun::optimizer_body(BufferSource& mem, const AdamWStep& s) {
-  const auto& groups = model_->layout().groups();
-  Tensor& weights = model_->weights();
-  const Tensor& half = model_->compute_weights();
+// Clip, the optimizer's update and zeroed gradients: everything an optimizer step queues
+// on the device.
+void TrainingRun::optimizer_body(BufferSource& mem) {
   grad_list_.clear();
-  adamw_list_.clear();
-  for (int k = 0; k < model_->num_groups(); ++k) {
-    const ParamGroup& pg = groups[size_t(k)];
-    const Tensor& grad = model_->grad(k);
-    grad_list_.push_back(grad);
-    // [begin, decayed_end) takes weight decay, the rest (biases, LayerNorm) not.
-    for (auto [lo, hi, wd] : {std::tuple{pg.begin, pg.decayed_end, s.weight_decay},
-                              std::tuple{pg.decayed_end, pg.end, 0.0}})
-      if (lo < hi)
-        adamw_list_.push_back({weights.rows(lo, hi), grad.rows(lo - pg.begin, hi - pg.begin), adam_m_.rows(lo, hi),
-                               adam_v_.rows(lo, hi), wd, model_->mixed() ? half.rows(lo, hi) : Tensor{}});
-  }
-  // One launch each for the norm and the update of every group (per 48 tensors).
+  for (int k = 0; k < model_->num_groups(); ++k) grad_list_.push_back(model_->grad(k));
+  // One launch for the norm of every group (per 48 tensors).
   ops::fill(be_, sumsq_, 0.0f);
   ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_, loss_scaling() ? &scaler_ : nullptr);
-  ops::adamw(be_, adamw_list_.data(), int(adamw_list_.size()), s, norm_coef_);
+  const OptimizerTarget target{model_->layout(),
+                               model_->weights(),
+                               model_->mixed() ? model_->compute_weights() : Tensor{},
+                               grad_list_,
+                               norm_coef_,
+                               optimizer_scalars_};
+  optimizer_->update(be_, mem, target);
   if (loss_scaling() && !be_.dry_run) {
     Tensor skipped = host_tensor(scaler_host_, DType::F32, {1}), state = host_tensor(scaler_host_ + 1, DType::F32, {2});
     ops::copy(be_, norm_coef_.rows(2, 3), skipped);
