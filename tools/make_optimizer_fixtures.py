@@ -36,6 +36,15 @@ CONFIG = dict(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention
 # name: (optim, optim_args, device)
 CASES = {
     "adamw_torch": ("adamw_torch", "", "cpu"),
+    "adafactor": ("adafactor", "", "cpu"),
+    "sgd": ("sgd", "", "cpu"),
+    "sgd_nesterov": ("sgd", "momentum=0.9,dampening=0,nesterov=True", "cpu"),
+    "sgd_dampening": ("sgd", "momentum=0.8,dampening=0.3", "cpu"),
+    "adagrad": ("adagrad", "lr_decay=0.01,eps=1e-8", "cpu"),
+    "lion_32bit": ("lion_32bit", "", "cuda"),
+    "lion_8bit": ("lion_8bit", "", "cuda"),
+    "adamw_bnb_8bit": ("adamw_bnb_8bit", "", "cuda"),
+    "adamw_8bit": ("adamw_8bit", "", "cuda"),
 }
 
 
