@@ -271,10 +271,11 @@ TEST(Config, ValidationErrorsNameSourceAndField) {
       // Each size fits an int; their products would not fit the memory plan's int64 byte counts.
       {R"({"vocab_size": 2000000000, "hidden_size": 2000000000, "num_attention_heads": 1})",
        {"vocab_size 2000000000, hidden_size 2000000000", "parameters", "limit of 2^40"}},
-      {R"({"hidden_size": 65536, "num_attention_heads": 16, "num_hidden_layers": 1000})", {"num_hidden_layers 1000", "parameters"}},
+      {R"({"hidden_size": 65536, "num_attention_heads": 16, "num_hidden_layers": 1000})",
+       {"num_hidden_layers 1000", "parameters"}},
       {R"({"hidden_act": "swish"})", {"'swish'", "gelu, gelu_new, gelu_pytorch_tanh, relu"}},
       {R"({"position_embedding_type": "relative_key"})", {"'relative_key'", "not supported"}},
-      {R"({"model_type": "roberta"})", {"model_type", "roberta"}},
+      {R"({"model_type": "roberta"})", {R"(model_type "roberta" is not one hone implements (hone has: "bert"))"}},
       {R"({"problem_type": "multi_label_classification"})", {"multi_label_classification", "not supported yet"}},
   };
   for (const Case& c : cases) {
@@ -310,6 +311,24 @@ TEST(Config, ValidateChecksConfigsMadeInCode) {
   c = BertConfig{};
   c.hidden_dropout_prob = std::numeric_limits<float>::quiet_NaN();
   expect_error([&] { c.validate("bert-custom"); }, {"hidden_dropout_prob must be in [0, 1), got nan"});
+}
+
+// The configuration a RoBERTa directory carries, as transformers saves it: every field
+// reads as a BERT's, so model_type alone tells them apart.
+TEST(Config, OtherModelTypesAreRefusedFromTheFile) {
+  TempDir dir;
+  const std::string path = dir.path + "/config.json";
+  std::ofstream(path) << R"({"architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+      "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+      "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+      "model_type": "roberta", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+      "type_vocab_size": 1, "vocab_size": 50265})";
+  expect_error([&] { BertConfig::load(path); }, {path + R"(: model_type "roberta")", R"(hone has: "bert")"});
+  // A BERT encoder saved with any head, or with no model_type at all, is a BERT.
+  std::ofstream(path) << R"({"architectures": ["BertForPreTraining"], "model_type": "bert"})";
+  EXPECT_EQ(BertConfig::load(path).hidden_size, 768);
+  std::ofstream(path) << R"({"architectures": ["BertModel"]})";
+  EXPECT_EQ(BertConfig::load(path).hidden_size, 768);
 }
 
 TEST(Config, RangeErrorsFromAFileNameThePath) {

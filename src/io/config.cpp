@@ -265,6 +265,9 @@ void BertConfig::save(const std::string& path) const {
 }
 
 void BertConfig::validate(const std::string& source) const {
+  // Another architecture's config.json reads as a BERT's with defaults; its weights would not.
+  if (extra.contains("model_type") && extra.at("model_type") != "bert")
+    fail("{}: model_type {} is not one hone implements (hone has: \"bert\")", source, extra.at("model_type").dump());
   for (const IntField& f : kIntFields) check_range(source, f.key, this->*f.member, f.range);
   for (const FloatField& f : kFloatFields) check_range(source, f.key, this->*f.member, f.range);
   if (classifier_dropout) check_range(source, "classifier_dropout", *classifier_dropout, kProbability);
@@ -292,8 +295,6 @@ void BertConfig::validate(const std::string& source) const {
   if (position_embedding_type != "absolute")
     fail("{}: position_embedding_type '{}' is not supported (hone implements only 'absolute')", source,
          position_embedding_type);
-  if (extra.contains("model_type") && extra.at("model_type") != "bert")
-    fail("{}: model_type is {}, but hone fine-tunes only 'bert' models", source, extra.at("model_type").dump());
   if (problem_type == "multi_label_classification")
     fail("{}: problem_type 'multi_label_classification' is not supported yet", source);
   if (!problem_type.empty() && !is_problem_type(problem_type))
