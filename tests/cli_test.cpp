@@ -55,6 +55,27 @@ TEST(Cli, TrainsAndWritesWhatTrainerWrites) {
   EXPECT_TRUE(has(r.out, "memory anatomy")) << r.out;
 }
 
+// Merges `changes` into the config.json of the model directory `dir`; returns dir.
+std::string edit_config(const std::string& dir, const nlohmann::json& changes) {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  j.update(changes);
+  std::ofstream(dir + "/config.json") << j.dump(2);
+  return dir;
+}
+
+// Rewrites the model.safetensors of `dir` without the parameter `left_out`; returns dir.
+std::string drop_tensor(const std::string& dir, const std::string& left_out) {
+  const BertConfig c = BertConfig::load(dir + "/config.json");
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 1);
+  std::vector<NamedTensor> tensors;
+  for (const ParamEntry& e : layout.entries())
+    if (e.name != left_out) tensors.push_back({e.name, Tensor{w.data() + e.offset, DType::F32, e.shape, Device::CPU}});
+  write_safetensors(dir + "/model.safetensors", tensors);
+  return dir;
+}
+
 TEST(Cli, EstimatePrintsTheAnatomyOfTheSeedRun) {
   Result r = hone("estimate --model_name_or_path bert-large-uncased --per_device_train_batch_size 4");
   ASSERT_EQ(r.code, 0) << r.out;
@@ -125,6 +146,12 @@ TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
   std::filesystem::resize_file(broken + "/model.safetensors", 100);  // truncated
   std::filesystem::create_directories(tmp.path + "/bad_json");
   std::ofstream(tmp.path + "/bad_json/config.json") << "{\"hidden_size\": 32,";
+  // What transformers would load as BERT, with a warning or new weights, and hone refuses.
+  const std::string no_heads = edit_config(write_model(tmp.path + "/no_heads"), {{"num_attention_heads", 0}});
+  const std::string no_layers = edit_config(write_model(tmp.path + "/no_layers"), {{"num_hidden_layers", -1}});
+  const std::string roberta = edit_config(write_model(tmp.path + "/roberta"), {{"model_type", "roberta"}});
+  const std::string key = "bert.encoder.layer.1.attention.self.key.weight";
+  const std::string holed = drop_tensor(write_model(tmp.path + "/holed"), key);
   const std::string out = " --output_dir " + tmp.path + "/out";
   std::vector<Case> cases{
            {"train --per_device_batch_size 4", "per_device_batch_size"},
@@ -137,6 +164,14 @@ TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
            {"train --model_name_or_path " + broken + " --dataset synthetic:8x8" + out, "model.safetensors"},
            {"train --model_name_or_path " + tmp.path + "/bad_json" + out, "config.json"},
            {"train --model_name_or_path bert-tiny --dataset synthetic:8x1024" + out, "max_position_embeddings"},
+           {"train --model_name_or_path " + no_heads + " --dataset synthetic:8x8" + out,
+            no_heads + "/config.json: num_attention_heads must be >= 1, got 0"},
+           {"train --model_name_or_path " + no_layers + " --dataset synthetic:8x8" + out,
+            no_layers + "/config.json: num_hidden_layers must be in [1, 1364], got -1"},
+           {"train --model_name_or_path " + roberta + " --dataset synthetic:8x8" + out,
+            roberta + "/config.json: model_type \"roberta\" is not one hone implements (hone has: \"bert\")"},
+           {"train --model_name_or_path " + holed + " --dataset synthetic:8x8" + out,
+            holed + "/model.safetensors: lacks 1 of the model's 37 embedding and encoder tensors ('" + key + "')"},
        };
   if (!cuda_available(nullptr)) cases.push_back({"estimate --device cuda", "CUDA"});  // no GPU here: refused
   for (const Case& c : cases) {

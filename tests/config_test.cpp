@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 
 #include "hone/error.h"
 #include "test_util.h"
@@ -245,38 +246,98 @@ TEST(Config, ValidationErrorsNameSourceAndField) {
     std::vector<std::string> parts;
   };
   const Case cases[] = {
-      {R"({"vocab_size": 0})", {"vocab_size", "positive"}},
-      {R"({"hidden_size": -8})", {"hidden_size", "positive"}},
-      {R"({"num_hidden_layers": 0})", {"num_hidden_layers"}},
-      {R"({"num_attention_heads": 0})", {"num_attention_heads"}},
-      {R"({"intermediate_size": 0})", {"intermediate_size"}},
-      {R"({"max_position_embeddings": 0})", {"max_position_embeddings"}},
-      {R"({"type_vocab_size": 0})", {"type_vocab_size"}},
-      {R"({"hidden_size": 770})", {"hidden_size (770)", "divisible by num_attention_heads (12)"}},
-      {R"({"pad_token_id": 30522})", {"pad_token_id"}},
-      {R"({"hidden_dropout_prob": 1.0})", {"hidden_dropout_prob", "[0, 1)"}},
-      {R"({"attention_probs_dropout_prob": -0.1})", {"attention_probs_dropout_prob"}},
-      {R"({"classifier_dropout": 1.5})", {"classifier_dropout"}},
-      {R"({"layer_norm_eps": 0})", {"layer_norm_eps"}},
-      {R"({"num_labels": 0})", {"num_labels"}},
+      {R"({"vocab_size": 0})", {"vocab_size must be >= 1, got 0"}},
+      {R"({"hidden_size": -8})", {"hidden_size must be >= 1, got -8"}},
+      {R"({"num_hidden_layers": -1})", {"num_hidden_layers must be in [1, 1364], got -1"}},
+      {R"({"num_hidden_layers": 0})", {"num_hidden_layers must be in [1, 1364], got 0"}},
+      {R"({"num_hidden_layers": 1365})", {"num_hidden_layers must be in [1, 1364], got 1365"}},
+      {R"({"num_attention_heads": 0})", {"num_attention_heads must be >= 1, got 0"}},
+      {R"({"num_attention_heads": -12})", {"num_attention_heads must be >= 1, got -12"}},
+      {R"({"intermediate_size": 0})", {"intermediate_size must be >= 1, got 0"}},
+      {R"({"max_position_embeddings": 0})", {"max_position_embeddings must be >= 1, got 0"}},
+      {R"({"type_vocab_size": -2})", {"type_vocab_size must be >= 1, got -2"}},
+      {R"({"hidden_size": 770})", {"hidden_size (770) must be divisible by num_attention_heads (12)"}},
+      {R"({"pad_token_id": -1})", {"pad_token_id must be >= 0, got -1"}},
+      {R"({"pad_token_id": 30522})", {"pad_token_id (30522) must be a token id below vocab_size (30522)"}},
+      {R"({"hidden_dropout_prob": 1.0})", {"hidden_dropout_prob must be in [0, 1), got 1"}},
+      {R"({"attention_probs_dropout_prob": -0.1})", {"attention_probs_dropout_prob must be in [0, 1), got -0.1"}},
+      {R"({"classifier_dropout": 1.5})", {"classifier_dropout must be in [0, 1), got 1.5"}},
+      {R"({"initializer_range": -0.02})", {"initializer_range must be >= 0, got -0.02"}},
+      {R"({"layer_norm_eps": 0})", {"layer_norm_eps must be > 0, got 0"}},
+      {R"({"layer_norm_eps": -1e-12})", {"layer_norm_eps must be > 0, got -1e-12"}},
+      {R"({"num_labels": 0})", {"num_labels must be in [1, 1048576], got 0"}},
+      {R"({"num_labels": 2000000000})", {"num_labels must be in [1, 1048576], got 2000000000"}},
       {R"({"num_labels": 3, "id2label": {"0": "a", "1": "b"}})", {"num_labels is 3", "id2label has 2"}},
+      // Each size fits an int; their products would not fit the memory plan's int64 byte counts.
+      {R"({"vocab_size": 2000000000, "hidden_size": 2000000000, "num_attention_heads": 1})",
+       {"vocab_size 2000000000, hidden_size 2000000000", "parameters", "limit of 2^40"}},
+      {R"({"hidden_size": 65536, "num_attention_heads": 16, "num_hidden_layers": 1000})",
+       {"num_hidden_layers 1000", "parameters"}},
       {R"({"hidden_act": "swish"})", {"'swish'", "gelu, gelu_new, gelu_pytorch_tanh, relu"}},
       {R"({"position_embedding_type": "relative_key"})", {"'relative_key'", "not supported"}},
-      {R"({"model_type": "roberta"})", {"model_type", "roberta"}},
+      {R"({"model_type": "roberta"})", {R"(model_type "roberta" is not one hone implements (hone has: "bert"))"}},
       {R"({"problem_type": "multi_label_classification"})", {"multi_label_classification", "not supported yet"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.json);
-    BertConfig cfg = parse(json::parse(c.json));
     try {
-      cfg.validate("/models/x/config.json");
+      BertConfig::from_json(json::parse(c.json), "/models/x/config.json");
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
-      std::string msg = e.what();
-      EXPECT_NE(msg.find("/models/x/config.json"), std::string::npos) << msg;
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("/models/x/config.json: ", 0), 0u) << msg;
       for (const auto& p : c.parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
     }
   }
+}
+
+TEST(Config, RangeLimitsAreInclusiveWhereTheyShouldBe) {
+  BertConfig c = parse(json::parse(R"({"num_hidden_layers": 1364, "hidden_size": 64, "num_attention_heads": 64,
+      "pad_token_id": 30521, "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0.999,
+      "classifier_dropout": 0, "initializer_range": 0, "layer_norm_eps": 1e-30, "num_labels": 1,
+      "max_position_embeddings": 1, "type_vocab_size": 1, "intermediate_size": 1})"));
+  EXPECT_EQ(c.num_hidden_layers, 1364);
+  EXPECT_EQ(c.head_dim(), 1);
+}
+
+// validate() also guards configurations made in code, not only those read from files.
+TEST(Config, ValidateChecksConfigsMadeInCode) {
+  BertConfig c;
+  c.num_attention_heads = 0;
+  expect_error([&] { c.validate("bert-custom"); }, {"bert-custom: num_attention_heads must be >= 1, got 0"});
+  c = BertConfig{};
+  c.layer_norm_eps = std::numeric_limits<float>::infinity();
+  expect_error([&] { c.validate("bert-custom"); }, {"bert-custom: layer_norm_eps must be > 0, got inf"});
+  c = BertConfig{};
+  c.hidden_dropout_prob = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { c.validate("bert-custom"); }, {"hidden_dropout_prob must be in [0, 1), got nan"});
+}
+
+// The configuration a RoBERTa directory carries, as transformers saves it: every field
+// reads as a BERT's, so model_type alone tells them apart.
+TEST(Config, OtherModelTypesAreRefusedFromTheFile) {
+  TempDir dir;
+  const std::string path = dir.path + "/config.json";
+  std::ofstream(path) << R"({"architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+      "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+      "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+      "model_type": "roberta", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+      "type_vocab_size": 1, "vocab_size": 50265})";
+  expect_error([&] { BertConfig::load(path); }, {path + R"(: model_type "roberta")", R"(hone has: "bert")"});
+  // A BERT encoder saved with any head, or with no model_type at all, is a BERT.
+  std::ofstream(path) << R"({"architectures": ["BertForPreTraining"], "model_type": "bert"})";
+  EXPECT_EQ(BertConfig::load(path).hidden_size, 768);
+  std::ofstream(path) << R"({"architectures": ["BertModel"]})";
+  EXPECT_EQ(BertConfig::load(path).hidden_size, 768);
+}
+
+TEST(Config, RangeErrorsFromAFileNameThePath) {
+  TempDir dir;
+  const std::string path = dir.path + "/config.json";
+  std::ofstream(path) << R"({"model_type": "bert", "num_attention_heads": 0})";
+  expect_error([&] { BertConfig::load(path); }, {path + ": num_attention_heads must be >= 1, got 0"});
+  std::ofstream(path) << R"({"model_type": "bert", "num_hidden_layers": -1})";
+  expect_error([&] { BertConfig::load(path); }, {path + ": num_hidden_layers must be in [1, 1364], got -1"});
 }
 
 TEST(Config, ActivationNames) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <new>
 
 #include "hone/cpu_backend.h"
@@ -463,6 +464,93 @@ TEST(ModelFiles, LoadsBaseModelCheckpointsAndReportsWhatItInitialised) {
   EXPECT_EQ(std::memcmp(w.data() + q.offset, back.data() + q.offset, size_t(q.shape.numel()) * 4), 0);
   const ParamEntry& ln = layout.at("bert.embeddings.LayerNorm.weight");
   EXPECT_EQ(back[size_t(ln.offset)], w[size_t(ln.offset)]);
+}
+
+// Writes the parameters of `layout` in `w` to `path` under the names `rename` gives; "" leaves one out.
+void write_renamed(const std::string& path, const ParamLayout& layout, float* w,
+                   const std::function<std::string(const std::string&)>& rename) {
+  std::vector<NamedTensor> tensors;
+  for (const ParamEntry& e : layout.entries())
+    if (std::string name = rename(e.name); !name.empty())
+      tensors.push_back({name, Tensor{w + e.offset, DType::F32, e.shape, Device::CPU}});
+  write_safetensors(path, tensors);
+}
+
+std::string load_error(const std::string& path, const BertConfig& c, const ParamLayout& layout) {
+  std::vector<float> w(size_t(layout.count()));
+  try {
+    load_weights(path, c, layout, w.data(), 0);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Only the task head may be initialised anew: an encoder without some of its tensors would
+// fine-tune from noise where the checkpoint should have been.
+TEST(ModelFiles, MissingEncoderTensorsAreAnError) {
+  test::TempDir dir;
+  const BertConfig c = small_config();
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  const std::string path = dir.path + "/model.safetensors";
+  write_renamed(path, layout, w.data(), [](const std::string& n) {
+    return n == "bert.embeddings.LayerNorm.bias" || n == "bert.encoder.layer.1.output.dense.weight" ? "" : n;
+  });
+  std::string m = load_error(path, c, layout);
+  // 5 embedding tensors and 16 per layer.
+  EXPECT_NE(m.find(path + ": lacks 2 of the model's 37 embedding and encoder tensors "
+                   "('bert.embeddings.LayerNorm.bias', 'bert.encoder.layer.1.output.dense.weight')"),
+            std::string::npos) << m;
+  EXPECT_EQ(m.find("does not use"), std::string::npos) << m;
+
+  // Another model's names: nothing matches, and the message shows what the file holds.
+  write_renamed(path, layout, w.data(), [](const std::string& n) {
+    return n.starts_with("bert.") ? "roberta." + n.substr(5) : n;
+  });
+  m = load_error(path, c, layout);
+  EXPECT_NE(m.find(path + ": lacks 37 of the model's 37 embedding and encoder tensors "
+                   "('bert.embeddings.word_embeddings.weight', 'bert.embeddings.position_embeddings.weight', "
+                   "'bert.embeddings.token_type_embeddings.weight' and 34 more), and has 39 tensors the model "
+                   "does not use ('roberta.embeddings.word_embeddings.weight'"),
+            std::string::npos) << m;
+
+  // A checkpoint of fewer layers than config.json says.
+  BertConfig deeper = small_config();
+  deeper.num_hidden_layers = 3;
+  ParamLayout deeper_layout(deeper);
+  write_renamed(path, layout, w.data(), [](const std::string& n) { return n; });
+  m = load_error(path, deeper, deeper_layout);
+  EXPECT_NE(m.find("lacks 16 of the model's 53 embedding and encoder tensors ('bert.encoder.layer.2."),
+            std::string::npos) << m;
+}
+
+// With --ignore_mismatched_sizes any tensor of another shape is initialised anew, as in
+// transformers, the embeddings' included.
+TEST(ModelFiles, IgnoreMismatchedSizesReinitialisesEncoderTensorsToo) {
+  test::TempDir dir;
+  const BertConfig c = small_config();
+  ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 3);
+  std::vector<NamedTensor> tensors;
+  std::vector<float> small_vocab(size_t(100 * c.hidden_size), 1.0f);
+  for (const ParamEntry& e : layout.entries()) {
+    if (e.name.starts_with("classifier.")) continue;
+    if (e.name == "bert.embeddings.word_embeddings.weight")
+      tensors.push_back({e.name, Tensor{small_vocab.data(), DType::F32, {100, c.hidden_size}, Device::CPU}});
+    else
+      tensors.push_back({e.name, Tensor{w.data() + e.offset, DType::F32, e.shape, Device::CPU}});
+  }
+  const std::string path = dir.path + "/model.safetensors";
+  write_safetensors(path, tensors);
+  EXPECT_NE(load_error(path, c, layout).find("has shape [100, 24]"), std::string::npos);
+  std::vector<float> back(w.size());
+  LoadReport r = load_weights(path, c, layout, back.data(), 3, true);
+  EXPECT_EQ(r.mismatched, std::vector<std::string>{"bert.embeddings.word_embeddings.weight"});
+  EXPECT_EQ(r.initialized, (std::vector<std::string>{"bert.embeddings.word_embeddings.weight", "classifier.weight",
+                                                      "classifier.bias"}));
+  EXPECT_EQ(std::memcmp(w.data(), back.data(), w.size() * 4), 0);  // the same seed initialises the same
 }
 
 TEST(ModelFiles, WrongShapeNamesFileAndTensor) {

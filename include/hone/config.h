@@ -31,13 +31,14 @@ struct BertConfig {
   std::string problem_type;  // "", "regression", "single_label_classification"
   nlohmann::json extra = nlohmann::json::object();  // fields hone does not use, written back unchanged
 
-  // Parses a config.json object; `source` names the file in error messages.
+  // Parses a config.json object and validates it; `source` names the file in error messages.
   static BertConfig from_json(const nlohmann::json& j, const std::string& source);
-  static BertConfig load(const std::string& path);  // reads and parses a config.json
+  static BertConfig load(const std::string& path);  // reads, parses and validates a config.json
   nlohmann::json to_json() const;                   // as transformers writes it
   void save(const std::string& path) const;         // atomically
 
-  // Throws hone::Error naming `source` and the field for inconsistent values.
+  // Throws hone::Error naming `source`, the field and its value for a value out of its
+  // range or inconsistent with the others, and for a model_type other than "bert".
   void validate(const std::string& source) const;
   Activation activation() const;
   int head_dim() const { return hidden_size / num_attention_heads; }

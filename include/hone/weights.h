@@ -17,7 +17,7 @@ void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights
                   const std::vector<std::string>& only = {});
 
 struct LoadReport {
-  std::vector<std::string> initialized;  // parameters the file lacked, newly initialised
+  std::vector<std::string> initialized;  // newly initialised: the task head the file lacked, and `mismatched`
   std::vector<std::string> unused;       // tensors in the file that the model does not use
   std::vector<std::string> mismatched;   // of `initialized`, those the file has in another shape
 };
@@ -25,8 +25,10 @@ struct LoadReport {
 // Reads `path` (a model.safetensors) into `weights`. Accepts transformers' names, names
 // without the "bert." prefix (a BertModel checkpoint) and the legacy LayerNorm
 // gamma/beta. A tensor whose shape differs from the config's is an error naming both,
-// unless ignore_mismatched_sizes (transformers' flag of that name): then it is treated as
-// missing. Missing parameters are initialised as init_weights does and listed in the report.
+// unless ignore_mismatched_sizes (transformers' flag of that name): then it is
+// initialised anew. As in transformers, a missing task head (the pooler, the classifier)
+// is initialised as init_weights does; a missing embedding or encoder tensor is an error
+// naming the file, how many are missing and the first of them.
 LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
                         uint64_t seed, bool ignore_mismatched_sizes = false);
 

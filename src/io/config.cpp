@@ -19,23 +19,63 @@ namespace {
 
 using nlohmann::json;
 
-const std::pair<const char*, int BertConfig::*> kIntFields[] = {
-    {"vocab_size", &BertConfig::vocab_size},
-    {"hidden_size", &BertConfig::hidden_size},
-    {"num_hidden_layers", &BertConfig::num_hidden_layers},
-    {"num_attention_heads", &BertConfig::num_attention_heads},
-    {"intermediate_size", &BertConfig::intermediate_size},
-    {"max_position_embeddings", &BertConfig::max_position_embeddings},
-    {"type_vocab_size", &BertConfig::type_vocab_size},
-    {"pad_token_id", &BertConfig::pad_token_id},
+// The values a numeric field may take; an infinite `hi` is an open upper end, so that
+// infinity (and NaN, which no comparison admits) is out of range.
+struct Range {
+  double lo, hi;
+  bool lo_open = false, hi_open = false;
+  bool contains(double v) const { return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi); }
+  std::string str() const {
+    if (std::isinf(hi)) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
+    return fmt::format("in {}{}, {}{}", lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+  }
 };
-const std::pair<const char*, float BertConfig::*> kFloatFields[] = {
-    {"hidden_dropout_prob", &BertConfig::hidden_dropout_prob},
-    {"attention_probs_dropout_prob", &BertConfig::attention_probs_dropout_prob},
-    {"initializer_range", &BertConfig::initializer_range},
-    {"layer_norm_eps", &BertConfig::layer_norm_eps},
+constexpr double kUnbounded = std::numeric_limits<double>::infinity();
+constexpr Range kAtLeastOne{1, kUnbounded, false, true};
+constexpr Range kNonNegative{0, kUnbounded, false, true};
+constexpr Range kPositive{0, kUnbounded, true, true};
+constexpr Range kProbability{0, 1, false, true};  // a dropout probability
+// A step's dropout call sites (3 per layer, the embeddings' and the classifier's) are
+// numbered in kDropoutSiteBits bits.
+constexpr int kMaxLayers = ((1 << kDropoutSiteBits) - 3) / 3;
+// No device holds a trillion parameters, and below that the byte counts of the memory
+// plan (parameters x bytes x copies) stay far from int64's limit.
+constexpr double kMaxParameters = double(int64_t(1) << 40);
+// More labels than any sequence classification has; it also bounds the label names built on load.
+constexpr Range kNumLabels{1, 1 << 20};
+
+struct IntField {
+  const char* key;
+  int BertConfig::*member;
+  Range range;
 };
-const std::pair<const char*, std::string BertConfig::*> kStringFields[] = {
+const IntField kIntFields[] = {
+    {"vocab_size", &BertConfig::vocab_size, kAtLeastOne},
+    {"hidden_size", &BertConfig::hidden_size, kAtLeastOne},
+    // hone's model needs a layer: without one its buffer plan fails.
+    {"num_hidden_layers", &BertConfig::num_hidden_layers, {1, kMaxLayers}},
+    {"num_attention_heads", &BertConfig::num_attention_heads, kAtLeastOne},
+    {"intermediate_size", &BertConfig::intermediate_size, kAtLeastOne},
+    {"max_position_embeddings", &BertConfig::max_position_embeddings, kAtLeastOne},
+    {"type_vocab_size", &BertConfig::type_vocab_size, kAtLeastOne},
+    {"pad_token_id", &BertConfig::pad_token_id, kNonNegative},  // and below vocab_size
+};
+struct FloatField {
+  const char* key;
+  float BertConfig::*member;
+  Range range;
+};
+const FloatField kFloatFields[] = {
+    {"hidden_dropout_prob", &BertConfig::hidden_dropout_prob, kProbability},
+    {"attention_probs_dropout_prob", &BertConfig::attention_probs_dropout_prob, kProbability},
+    {"initializer_range", &BertConfig::initializer_range, kNonNegative},
+    {"layer_norm_eps", &BertConfig::layer_norm_eps, kPositive},
+};
+struct StringField {
+  const char* key;
+  std::string BertConfig::*member;
+};
+const StringField kStringFields[] = {
     {"hidden_act", &BertConfig::hidden_act},
     {"position_embedding_type", &BertConfig::position_embedding_type},
 };
@@ -43,6 +83,11 @@ const std::pair<const char*, std::string BertConfig::*> kStringFields[] = {
 // hone saves a sequence classifier in float32 whatever the source checkpoint was.
 // ("dtype" is the name transformers >= 4.56 uses for torch_dtype.)
 const char* kRewrittenFields[] = {"architectures", "torch_dtype", "dtype"};
+
+template <typename T>  // int or float, printed as it is
+void check_range(const std::string& source, std::string_view key, T value, const Range& range) {
+  if (!range.contains(double(value))) fail("{}: {} must be {}, got {}", source, key, range.str(), value);
+}
 
 std::vector<std::string> default_labels(int n) {
   std::vector<std::string> names;
@@ -138,15 +183,16 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
   const json* label2id = nullptr;
   bool have_num_labels = false;
   for (const auto& [key, v] : j.items()) {
-    auto is = [&key](const auto& field) { return key == field.first; };
+    auto is = [&key](const auto& field) { return key == field.key; };
     if (auto f = std::find_if(std::begin(kIntFields), std::end(kIntFields), is); f != std::end(kIntFields)) {
-      c.*(f->second) = as_int(v, source, key);
+      c.*(f->member) = as_int(v, source, key);
     } else if (auto g = std::find_if(std::begin(kFloatFields), std::end(kFloatFields), is); g != std::end(kFloatFields)) {
-      c.*(g->second) = as_float(v, source, key);
+      c.*(g->member) = as_float(v, source, key);
     } else if (auto s = std::find_if(std::begin(kStringFields), std::end(kStringFields), is); s != std::end(kStringFields)) {
-      c.*(s->second) = as_string(v, source, key);
+      c.*(s->member) = as_string(v, source, key);
     } else if (key == "num_labels") {
       c.num_labels = as_int(v, source, key);
+      check_range(source, key, c.num_labels, kNumLabels);  // before default_labels makes a name for each
       have_num_labels = true;
     } else if (key == "classifier_dropout") {
       if (!v.is_null()) c.classifier_dropout = as_float(v, source, key);
@@ -172,6 +218,7 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
   } else {
     c.id2label = default_labels(c.num_labels);
   }
+  c.validate(source);
   return c;
 }
 
@@ -195,9 +242,9 @@ json BertConfig::to_json() const {
   json j = extra;  // the fields below take precedence over anything carried along
   j["architectures"] = json::array({"BertForSequenceClassification"});
   j["model_type"] = "bert";
-  for (const auto& [key, field] : kIntFields) j[key] = this->*field;
-  for (const auto& [key, field] : kFloatFields) j[key] = shortest(this->*field);
-  for (const auto& [key, field] : kStringFields) j[key] = this->*field;
+  for (const IntField& f : kIntFields) j[f.key] = this->*f.member;
+  for (const FloatField& f : kFloatFields) j[f.key] = shortest(this->*f.member);
+  for (const StringField& f : kStringFields) j[f.key] = this->*f.member;
   j["classifier_dropout"] = classifier_dropout ? json(shortest(*classifier_dropout)) : json(nullptr);
   // num_labels is not written: transformers derives it from id2label.
   json ids = json::object(), labels = json::object();
@@ -218,24 +265,28 @@ void BertConfig::save(const std::string& path) const {
 }
 
 void BertConfig::validate(const std::string& source) const {
-  for (const auto& [key, field] : kIntFields)
-    if (field != &BertConfig::pad_token_id && this->*field <= 0)
-      fail("{}: {} must be positive, got {}", source, key, this->*field);
+  // Another architecture's config.json reads as a BERT's with defaults; its weights would not.
+  if (extra.contains("model_type") && extra.at("model_type") != "bert")
+    fail("{}: model_type {} is not one hone implements (hone has: \"bert\")", source, extra.at("model_type").dump());
+  for (const IntField& f : kIntFields) check_range(source, f.key, this->*f.member, f.range);
+  for (const FloatField& f : kFloatFields) check_range(source, f.key, this->*f.member, f.range);
+  if (classifier_dropout) check_range(source, "classifier_dropout", *classifier_dropout, kProbability);
+  check_range(source, "num_labels", num_labels, kNumLabels);
   if (hidden_size % num_attention_heads != 0)
     fail("{}: hidden_size ({}) must be divisible by num_attention_heads ({})", source, hidden_size,
          num_attention_heads);
-  if (pad_token_id < 0 || pad_token_id >= vocab_size)
+  if (pad_token_id >= vocab_size)
     fail("{}: pad_token_id ({}) must be a token id below vocab_size ({})", source, pad_token_id, vocab_size);
-  auto check_prob = [&](const char* key, float p) {
-    if (!(p >= 0.0f && p < 1.0f)) fail("{}: {} must be in [0, 1), got {}", source, key, p);
-  };
-  check_prob("hidden_dropout_prob", hidden_dropout_prob);
-  check_prob("attention_probs_dropout_prob", attention_probs_dropout_prob);
-  if (classifier_dropout) check_prob("classifier_dropout", *classifier_dropout);
-  if (!(layer_norm_eps > 0.0f)) fail("{}: layer_norm_eps must be positive, got {}", source, layer_norm_eps);
-  if (!(initializer_range >= 0.0f))
-    fail("{}: initializer_range must not be negative, got {}", source, initializer_range);
-  if (num_labels < 1) fail("{}: num_labels must be at least 1, got {}", source, num_labels);
+  // Counted in double, as ParamLayout lays them out, since int64 may overflow here.
+  const double H = hidden_size, I = intermediate_size;
+  const double per_layer = 4 * (H * H + H) + (I * H + I) + (H * I + H) + 4 * H;
+  const double parameters = (double(vocab_size) + max_position_embeddings + type_vocab_size) * H + 2 * H +
+                            num_hidden_layers * per_layer + (H * H + H) + (num_labels * H + num_labels);
+  if (parameters > kMaxParameters)
+    fail("{}: vocab_size {}, hidden_size {}, num_hidden_layers {}, intermediate_size {}, max_position_embeddings {} "
+         "make a model of {:.3g} parameters, more than hone's limit of 2^40 ({:.3g})",
+         source, vocab_size, hidden_size, num_hidden_layers, intermediate_size, max_position_embeddings, parameters,
+         kMaxParameters);
   if (int(id2label.size()) != num_labels)
     fail("{}: num_labels is {} but id2label has {} labels", source, num_labels, id2label.size());
   if (hidden_act != "gelu" && hidden_act != "gelu_new" && hidden_act != "gelu_pytorch_tanh" && hidden_act != "relu")
@@ -244,8 +295,6 @@ void BertConfig::validate(const std::string& source) const {
   if (position_embedding_type != "absolute")
     fail("{}: position_embedding_type '{}' is not supported (hone implements only 'absolute')", source,
          position_embedding_type);
-  if (extra.contains("model_type") && extra.at("model_type") != "bert")
-    fail("{}: model_type is {}, but hone fine-tunes only 'bert' models", source, extra.at("model_type").dump());
   if (problem_type == "multi_label_classification")
     fail("{}: problem_type 'multi_label_classification' is not supported yet", source);
   if (!problem_type.empty() && !is_problem_type(problem_type))

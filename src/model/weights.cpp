@@ -44,6 +44,21 @@ void init_entry(const BertConfig& c, const ParamEntry& e, size_t index, float* w
     std::fill(p + int64_t(c.pad_token_id) * c.hidden_size, p + int64_t(c.pad_token_id + 1) * c.hidden_size, 0.0f);
 }
 
+// What transformers initialises anew when it loads an encoder for sequence
+// classification: the classifier, and the pooler, which checkpoints saved without one lack.
+bool is_task_head(const std::string& name) {
+  return name.starts_with("classifier.") || name.starts_with("bert.pooler.");
+}
+
+// 'a', 'b', 'c' and the count of the rest: a list of names short enough for a message.
+std::string first_names(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 3;
+  std::string s;
+  for (size_t i = 0; i < std::min(names.size(), kShown); ++i) s += fmt::format("{}'{}'", i ? ", " : "", names[i]);
+  if (names.size() > kShown) s += fmt::format(" and {} more", names.size() - kShown);
+  return s;
+}
+
 // The parameter a checkpoint tensor name refers to, or "" if none.
 std::string canonical_name(const std::string& file_name, const ParamLayout& layout) {
   std::string n = file_name;
@@ -93,8 +108,21 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
     if (!loaded.insert(name).second) fail("{}: parameter '{}' appears twice (as '{}')", path, name, t.name);
     file.read_f32(t, weights + e.offset, e.shape.numel());
   }
-  for (const auto& e : layout.entries())
-    if (!loaded.count(e.name)) report.initialized.push_back(e.name);
+  std::vector<std::string> absent;  // encoder parameters the file has under no name, in no shape
+  size_t encoder_tensors = 0;
+  for (const auto& e : layout.entries()) {
+    const bool head = is_task_head(e.name);
+    encoder_tensors += !head;
+    if (loaded.count(e.name)) continue;
+    report.initialized.push_back(e.name);
+    if (!head && std::ranges::find(report.mismatched, e.name) == report.mismatched.end()) absent.push_back(e.name);
+  }
+  if (!absent.empty())
+    fail("{}: lacks {} of the model's {} embedding and encoder tensors ({}){}; hone initialises only the pooler and "
+         "the classifier anew (is it a BERT checkpoint, and does its config.json describe it?)",
+         path, absent.size(), encoder_tensors, first_names(absent),
+         report.unused.empty() ? "" : fmt::format(", and has {} tensors the model does not use ({})",
+                                                   report.unused.size(), first_names(report.unused)));
   if (!report.initialized.empty()) init_weights(c, layout, weights, seed, report.initialized);
   return report;
 }
