@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "hone/checkpoint.h"
 #include "hone/cpu_backend.h"
+#include "hone/optimizer.h"
 #include "hone/safetensors.h"
 #include "hone/weights.h"
 #include "test_util.h"
@@ -74,13 +76,36 @@ std::vector<double> losses(const TrainerState& s) {
   return v;
 }
 
-TEST(Checkpoint, ResumingGivesTheUninterruptedLossCurveAndWeights) {
+// Every optimizer (its state in the checkpoint) resumes bit for bit.
+struct OptimizerCase {
+  std::string optim, optim_args;
+};
+
+std::vector<OptimizerCase> every_optimizer() {
+  std::vector<OptimizerCase> cases;
+  for (std::string_view name : optimizer_names()) cases.push_back({std::string(name), ""});
+  // Settings that add state the defaults do not keep.
+  const std::vector<std::string_view> names = optimizer_names();
+  for (OptimizerCase extra : {OptimizerCase{"sgd", "momentum=0.9,nesterov=true"}, OptimizerCase{"adafactor", "beta1=0.9"}})
+    if (std::ranges::find(names, extra.optim) != names.end()) cases.push_back(extra);
+  return cases;
+}
+
+class CheckpointResume : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(CheckpointResume, GivesTheUninterruptedLossCurveAndWeights) {
+  auto args = [&](const std::string& out) {
+    TrainingArguments a = resume_args(out);
+    a.optim = GetParam().optim;
+    a.optim_args = GetParam().optim_args;
+    return a;
+  };
   test::TempDir straight_dir, broken_dir;
-  const Outcome straight = run_training(resume_args(straight_dir.path));
+  const Outcome straight = run_training(args(straight_dir.path));
   // The interrupted run dies at step 6, after checkpoint-4 and two unsaved updates.
-  run_training(resume_args(broken_dir.path), 6);
+  run_training(args(broken_dir.path), 6);
   ASSERT_EQ(list_checkpoints(broken_dir.path).size(), 1u);
-  TrainingArguments resumed = resume_args(broken_dir.path);
+  TrainingArguments resumed = args(broken_dir.path);
   resumed.resume_from_checkpoint = "last";
   const Outcome after = run_training(resumed);
 
@@ -91,6 +116,40 @@ TEST(Checkpoint, ResumingGivesTheUninterruptedLossCurveAndWeights) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "logged loss " << i;  // bit for bit
   EXPECT_EQ(straight.state.total_loss, after.state.total_loss);
   EXPECT_EQ(straight.weights, after.weights);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOptimizer, CheckpointResume, ::testing::ValuesIn(every_optimizer()),
+                         [](const auto& info) {
+                           std::string n = info.param.optim + (info.param.optim_args.empty() ? "" : "_with_args");
+                           return n;
+                         });
+
+TEST(Checkpoint, ResumingWithAnotherOptimizersStateIsAnError) {
+  test::TempDir dir;
+  TrainingArguments a = resume_args(dir.path);
+  a.max_steps = 4;
+  run_training(a);
+  SafetensorsFile opt((fs::path(checkpoint_path(dir.path, 4)) / "optimizer.safetensors").string());
+  EXPECT_EQ(opt.metadata().at("optim"), "adamw_torch");
+  EXPECT_EQ(opt.metadata().at("optimizer_state"), "adamw");
+  // adamw_torch_fused keeps the same state, so it resumes from it.
+  a.optim = "adamw_torch_fused";
+  a.max_steps = 5;
+  a.resume_from_checkpoint = "last";
+  EXPECT_EQ(run_training(a).state.global_step, 5);
+  // The state of a kind this run's optimizer does not keep is refused, by name.
+  const std::string path = (fs::path(checkpoint_path(dir.path, 4)) / "optimizer.safetensors").string();
+  std::vector<float> m(size_t(ParamLayout(tiny_config()).count()));
+  write_safetensors(path, {{"exp_avg", Tensor{m.data(), DType::F32, {int64_t(m.size())}, Device::CPU}}},
+                    {{"format", "hone"}, {"optim", "lion_8bit"}, {"optimizer_state", "lion_8bit"}});
+  a.resume_from_checkpoint = checkpoint_path(dir.path, 4);
+  try {
+    run_training(a);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--optim lion_8bit"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("adamw_torch_fused"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Checkpoint, HoldsTheModelOptimizerSchedulerRngAndTrainerState) {
