@@ -6,6 +6,7 @@
 // contiguous memory. A group's gradients are one buffer, which lets a run place them in
 // activation memory that backward has just freed. Query, key and value weights are
 // adjacent, so the three projections run as one [3H, H] matrix product.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -115,10 +116,22 @@ class BertForSequenceClassification {
   struct Linear { const ParamEntry *w, *b; };
   struct Norm { const ParamEntry *g, *b; };
   struct Layer { Linear qkv, attn_out, ffn_up, ffn_down; Norm ln1, ln2; };
-  // What one layer saves for its backward pass. Dropout masks are not saved: backward
-  // regenerates them from the same Philox streams.
+  // What one layer's forward produces; backward reads all but `out` (the next layer's
+  // input). Dropout masks are not saved: backward regenerates them from the same Philox
+  // streams.
   struct Saved {
     Tensor qkv, attn_stats, ctx, ln1_in, ln1_mean, ln1_rstd, ln1_out, ffn_pre, ln2_in, ln2_mean, ln2_rstd, out;
+    std::array<Tensor*, 11> for_backward() {
+      return {&qkv, &attn_stats, &ctx, &ln1_in, &ln1_mean, &ln1_rstd, &ln1_out, &ffn_pre, &ln2_in, &ln2_mean,
+              &ln2_rstd};
+    }
+  };
+  // What a layer's forward and backward share within one pass over a batch.
+  struct Pass {
+    const BatchTensors& batch;
+    const DropoutState& drop;
+    int64_t tokens;  // batch x seq
+    AttentionDims ad;
   };
 
   // What backward reads besides the per-layer Saved buffers.
@@ -127,8 +140,28 @@ class BertForSequenceClassification {
   };
   // The forward pass up to the logits (taken, not released). With keep_for_backward
   // false, layer buffers are released as soon as nothing later reads them.
-  SavedHead run_forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
-                        bool keep_for_backward, float* hidden_out);
+  SavedHead run_forward(Backend& be, BufferSource& mem, const Pass& p, bool keep_for_backward, float* hidden_out);
+  Pass pass(const BatchTensors& batch, const DropoutState& drop) const;
+  // Encoder layer l from its input x into saved_[l], taking every buffer.
+  void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x);
+  // After layer l's forward: inference hands back what nothing reads again.
+  void release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward);
+  // Layer l's backward: dh holds the gradient of its output and receives that of its
+  // input x.
+  void layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x, Tensor& dh);
+  // Attention of layer l from qkv into stats and ctx, with its workspace.
+  void attention(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& qkv, Tensor& stats,
+                 Tensor& ctx);
+  // Buffers in the compute dtype (activations and workspace) and row statistics (F32).
+  Tensor activation(BufferSource& mem, const char* name, int l, Shape s) const {
+    return mem.take(Category::Activations, name, l, compute_, s);
+  }
+  Tensor row_stats(BufferSource& mem, const char* name, int l, Shape s) const {
+    return mem.take(Category::Activations, name, l, DType::F32, s);
+  }
+  Tensor scratch(BufferSource& mem, const char* name, Shape s) const {
+    return mem.take(Category::Workspace, name, -1, compute_, s);
+  }
   static Tensor slice(const Tensor& flat, int64_t offset, Shape s);
   Tensor w(const ParamEntry* e) const { return param(compute_weights(), *e); }
   Tensor g(const ParamEntry* e) const {
@@ -144,6 +177,8 @@ class BertForSequenceClassification {
   // Step-scoped: takes group k's gradient buffer, zeroed, just before its backward.
   void take_grads(Backend& be, BufferSource& mem, int k);
   DropoutSpec dropout(const DropoutState& d, float p, int site) const;
+  // Layer l's dropout sites: k = 0 attention probabilities, 1 attention output, 2 FFN output.
+  DropoutSpec layer_dropout(const DropoutState& d, int l, int k) const;
 
   BertConfig cfg_;
   bool regression_;  // cached: resolved_problem_type() builds a string
