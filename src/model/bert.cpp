@@ -213,9 +213,29 @@ void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem
 }
 
 void BertForSequenceClassification::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {
-  if (keep_for_backward) return;
-  mem.release(x);
-  for (const Tensor* t : saved_[l].for_backward()) mem.release(*t);
+  Saved& s = saved_[l];
+  if (!keep_for_backward) {
+    mem.release(x);
+    for (const Tensor* t : s.for_backward()) mem.release(*t);
+  } else if (checkpointing_ == Checkpointing::Full) {  // x stays: the layer's checkpoint
+    for (const Tensor* t : s.for_backward()) mem.release(*t);
+  } else if (checkpointing_ == Checkpointing::Selective) {
+    mem.release(s.ctx);
+    mem.release(s.ln1_out);
+    if (l > 0) mem.release(x);  // recomputed from the previous layer's ln2_in
+  }
+}
+
+Tensor BertForSequenceClassification::recompute_layernorm(Backend& be, BufferSource& mem, const Tensor& sum,
+                                                          const Norm& n, const char* name, int l) {
+  const int64_t T = sum.shape[0];
+  Tensor y = activation(mem, name, l, sum.shape);
+  Tensor mean = mem.take(Category::Workspace, "recomputed_ln_mean", -1, DType::F32, {T});
+  Tensor rstd = mem.take(Category::Workspace, "recomputed_ln_rstd", -1, DType::F32, {T});
+  ops::layernorm_forward(be, sum, w(n.g), w(n.b), cfg_.layer_norm_eps, y, mean, rstd);
+  mem.release(mean);
+  mem.release(rstd);
+  return y;
 }
 
 BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(Backend& be, BufferSource& mem,
@@ -330,8 +350,13 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
 void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
                                                    Tensor& dh) {
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const bool selective = checkpointing_ == Checkpointing::Selective;
   const Layer& P = layers_[l];
   Saved& s = saved_[l];
+  if (checkpointing_ == Checkpointing::Full) {
+    layer_forward(be, mem, p, l, x);
+    mem.release(s.out);  // the next layer's input, whose backward is done
+  }
   take_grads(be, mem, 1 + l);
   Tensor gg2 = g(P.ln2.g), gb2 = g(P.ln2.b), gg1 = g(P.ln1.g), gb1 = g(P.ln1.b);
   Tensor gdown_w = g(P.ffn_down.w), gdown_b = g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = g(P.ffn_up.b);
@@ -353,6 +378,7 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
   mem.release(ffn_act);
   mem.release(s.ffn_pre);
   // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
+  if (selective) s.ln1_out = recompute_layernorm(be, mem, s.ln1_in, P.ln1, "attention_out", l);
   ops::linear_backward(be, d_pre, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
   mem.release(d_pre);
   mem.release(s.ln1_out);
@@ -364,6 +390,15 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
   mem.release(s.ln1_in);
   mem.release(s.ln1_mean);
   mem.release(s.ln1_rstd);
+  if (selective) {
+    // The context again, from the kept qkv with the same dropout; the statistics it
+    // recomputes go to scratch, so that backward reads the forward's own.
+    s.ctx = activation(mem, "attention_context", l, {T, H});
+    Tensor stats =
+        mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
+    attention(be, mem, p, l, s.qkv, stats, s.ctx);
+    mem.release(stats);
+  }
   Tensor d_ctx = scratch(mem, "attention_context_grad", {T, H});
   ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
   mem.release(d_res);
@@ -376,6 +411,8 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
   mem.release(d_ctx);
   mem.release(s.ctx);
   mem.release(s.attn_stats);
+  if (selective && l > 0)
+    x = recompute_layernorm(be, mem, saved_[l - 1].ln2_in, layers_[l - 1].ln2, "layer_out", l - 1);
   // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
   ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, &gqkv_b);
   mem.release(d_qkv);
