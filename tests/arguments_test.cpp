@@ -191,6 +191,28 @@ TEST(Arguments, UnsupportedChoicesListWhatIsSupported) {
             "--device: expected one of auto, cpu, cuda, got 'tpu'");
 }
 
+// Trainer's --gradient_checkpointing, and hone's policy, which asks for it.
+TEST(Arguments, GradientCheckpointing) {
+  const TrainingArguments off = parse_training_arguments({});
+  EXPECT_FALSE(off.gradient_checkpointing);
+  EXPECT_EQ(off.gradient_checkpointing_policy, "");  // full
+  EXPECT_TRUE(parse_training_arguments({"--gradient_checkpointing"}).gradient_checkpointing);
+  EXPECT_TRUE(parse_training_arguments({"--gradient_checkpointing", "True"}).gradient_checkpointing);
+  for (const char* policy : {"full", "selective"}) {
+    const TrainingArguments a =
+        parse_training_arguments({"--gradient_checkpointing", "--gradient_checkpointing_policy", policy});
+    EXPECT_TRUE(a.gradient_checkpointing);
+    EXPECT_EQ(a.gradient_checkpointing_policy, policy);
+  }
+  for (const Argv& argv : {Argv{"--gradient_checkpointing_policy", "selective"},
+                           Argv{"--gradient_checkpointing_policy=full"},
+                           Argv{"--gradient_checkpointing=false", "--gradient_checkpointing_policy", "selective"}})
+    EXPECT_EQ(parse_error(argv), "--gradient_checkpointing_policy needs --gradient_checkpointing")
+        << fmt::format("{}", fmt::join(argv, " "));
+  EXPECT_EQ(parse_error({"--gradient_checkpointing", "--gradient_checkpointing_policy", "offload"}),
+            "--gradient_checkpointing_policy: expected one of full, selective, got 'offload'");
+}
+
 TEST(Arguments, ValidateChecksStructsBuiltInCode) {
   TrainingArguments a;
   EXPECT_NO_THROW(validate(a));

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <new>
+#include <tuple>
 
 #include "hone/cpu_backend.h"
 #include "hone/safetensors.h"
@@ -237,6 +238,120 @@ TEST(Inference, PlannedWithTheRunAndWithinItsMemory) {
   TrainingRun run(a, c, 16, be, GradientMemory::StepScoped, RunPhases{true, 4});
   for (int k = 0; k < kNumCategories; ++k)
     EXPECT_EQ(run.memory().arena_bytes(Category(k)), with.category_bytes[size_t(k)]);
+}
+
+// ---------------------------------------------------------------- gradient checkpointing
+
+TrainingArguments checkpointing_args(TrainingArguments a, bool on, const char* policy) {
+  a.gradient_checkpointing = on;
+  a.gradient_checkpointing_policy = policy;
+  return a;
+}
+
+// Recomputation replays the forward's ops and its dropout masks (from (step, site)), so
+// the checkpointed runs' losses, gradients, clipped norms, weights and inference logits are
+// the plain run's bit for bit, over several updates, with persistent (accumulation) and
+// step-scoped gradients; their live buffers never overlap.
+class GradientCheckpointing : public ::testing::TestWithParam<int> {};
+
+TEST_P(GradientCheckpointing, EqualsThePlainRunBitForBit) {
+  const int accumulation = GetParam();
+  CpuBackend be;
+  BertConfig c = small_config();
+  c.num_hidden_layers = 3;  // a middle layer: selective recomputes its input from the layer below
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.2;
+  TrainingArguments a = small_args(4);
+  a.gradient_accumulation_steps = accumulation;
+  const ParamLayout layout(c);
+  const size_t n = size_t(layout.count());
+  std::vector<float> w(n);
+  init_weights(c, layout, w.data(), 3);
+  auto make_run = [&](bool on, const char* policy) {
+    const TrainingArguments args = checkpointing_args(a, on, policy);
+    auto run = std::make_unique<TrainingRun>(args, c, 16, be, gradient_memory_for(args), RunPhases{true, 4});
+    run->write_weights(w.data());
+    run->memory().set_check_overlaps(true);
+    return run;
+  };
+  auto plain = make_run(false, ""), full = make_run(true, ""), selective = make_run(true, "selective");
+  ASSERT_EQ(plain->model().checkpointing(), Checkpointing::None);
+  ASSERT_EQ(full->model().checkpointing(), Checkpointing::Full);
+  ASSERT_EQ(selective->model().checkpointing(), Checkpointing::Selective);
+  const std::pair<const char*, TrainingRun*> checkpointed[] = {{"full", full.get()}, {"selective", selective.get()}};
+
+  Rows r(4, 16, 11);
+  std::vector<float> expected(n), got(n);
+  uint64_t micro = 0;
+  for (int step = 0; step < 3; ++step) {
+    for (int m = 0; m < accumulation; ++m, ++micro)
+      for (TrainingRun* run : {plain.get(), full.get(), selective.get()})
+        run->micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4 - m, 1.0f / accumulation,
+                        micro);
+    plain->read_grads(expected.data());
+    const double loss = plain->take_loss_sum();
+    for (auto [name, run] : checkpointed) {
+      run->read_grads(got.data());
+      EXPECT_EQ(std::memcmp(got.data(), expected.data(), n * sizeof(float)), 0) << name << " gradients, step " << step;
+      EXPECT_EQ(run->take_loss_sum(), loss) << name << " loss, step " << step;
+    }
+    for (TrainingRun* run : {plain.get(), full.get(), selective.get()}) run->optimizer_step(1e-3, step + 1);
+    for (auto [name, run] : checkpointed)
+      EXPECT_EQ(run->last_grad_norm(), plain->last_grad_norm()) << name << " step " << step;
+  }
+  plain->read_weights(expected.data());
+  Batch b;
+  b.rows = 4;
+  b.seq = 16;
+  b.ids = r.ids.data();
+  b.mask = r.mask.data();
+  b.types = r.types.data();
+  std::vector<float> logits(8), other(8);
+  plain->infer(b, ForwardOutputs{logits.data()});
+  for (auto [name, run] : checkpointed) {
+    run->read_weights(got.data());
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), n * sizeof(float)), 0) << name << " weights";
+    run->infer(b, ForwardOutputs{other.data()});
+    EXPECT_EQ(other, logits) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Accumulation, GradientCheckpointing, ::testing::Values(1, 2),
+                         [](const auto& info) { return "accumulation_" + std::to_string(info.param); });
+
+// The plan holds what each policy keeps: full (one input per layer and one layer at a
+// time) below selective (the products' outputs) below none; inference is planned as
+// without checkpointing; the run allocates its plan.
+TEST(GradientCheckpointingPlan, KeepsLessActivationMemory) {
+  CpuBackend be;
+  BertConfig c = small_config();
+  c.num_hidden_layers = 4;
+  const TrainingArguments a = small_args(4);
+  auto plan = [&](bool on, const char* policy) {
+    return TrainingRun::plan(checkpointing_args(a, on, policy), c, 16, be, GradientMemory::Persistent,
+                             RunPhases{true, 4});
+  };
+  const MemoryPlan none = plan(false, ""), full = plan(true, ""), selective = plan(true, "selective");
+  auto activations = [](const MemoryPlan& p) { return p.category_bytes[size_t(Category::Activations)]; };
+  EXPECT_LT(activations(full), activations(selective));
+  EXPECT_LT(activations(selective), activations(none));
+  EXPECT_LT(full.total_bytes(), none.total_bytes());
+  // Selective keeps three [T, H] buffers less per layer (the context, ln1_out and the
+  // output); at the peak, the end of the forward pass, the last layer still holds its own
+  // and its input.
+  const size_t TH = 4 * 64 * 24;
+  EXPECT_GE(activations(none) - activations(selective), TH * size_t(3 * (c.num_hidden_layers - 1) - 1));
+  auto inference = [](const MemoryPlan& p) {
+    std::vector<std::tuple<std::string, size_t, int64_t>> out;
+    for (const PlannedBuffer& b : p.buffers)
+      if (b.phase == Phase::Inference) out.emplace_back(b.label(), b.bytes, b.last - b.first);
+    return out;
+  };
+  EXPECT_EQ(inference(full), inference(none));
+  EXPECT_EQ(inference(selective), inference(none));
+  TrainingRun run(checkpointing_args(a, true, "selective"), c, 16, be, GradientMemory::Persistent, RunPhases{true, 4});
+  for (int k = 0; k < kNumCategories; ++k)
+    EXPECT_EQ(run.memory().arena_bytes(Category(k)), selective.category_bytes[size_t(k)]) << category_name(Category(k));
 }
 
 TEST(TrainerLoop, StepCountsFollowTrainer) {

@@ -69,6 +69,12 @@ struct TrainingArguments {
   // products and activations. fp16 adds dynamic loss scaling as torch.amp.GradScaler.
   bool bf16 = false;
   bool fp16 = false;
+  // Each encoder layer keeps less for backward and recomputes the rest there: the same
+  // gradients, bit for bit, in less memory. The policy (hone's own flag) says what is kept:
+  // full (empty means full: the layer's input alone, as Trainer) or selective (the
+  // products' outputs); it needs gradient_checkpointing. See Checkpointing in bert.h.
+  bool gradient_checkpointing = false;
+  std::string gradient_checkpointing_policy;
   // hone-specific
   std::string device = "auto";  // auto | cpu | cuda
   bool cuda_graphs = true;      // replay repeated training steps as CUDA graphs

@@ -6,6 +6,7 @@
 // contiguous memory. A group's gradients are one buffer, which lets a run place them in
 // activation memory that backward has just freed. Query, key and value weights are
 // adjacent, so the three projections run as one [3H, H] matrix product.
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -62,6 +63,26 @@ struct DropoutState {
   const int64_t* step_counter = nullptr;  // needed when training
 };
 
+// Gradient checkpointing: what each encoder layer keeps from its forward pass for its
+// backward pass. Backward recomputes the rest with the same ops and dropout streams (the
+// masks come from (step, site)), so the gradients are those of a run that keeps it all.
+// Per token and layer, in values of the compute dtype (BERT: I = 4H), besides the row
+// statistics:
+enum class Checkpointing : uint8_t {
+  // Everything backward reads: qkv (3H), the attention context, ln1_in, ln1_out, ln2_in
+  // and the layer's output (H each), ffn_pre (I). 8H + I.
+  None,
+  // The layer's input alone (H): backward reruns the layer just before its own backward.
+  // What Trainer's --gradient_checkpointing does.
+  Full,
+  // The products' outputs, costly to recompute: qkv, ln1_in (the attention projection's
+  // residual sum), ffn_pre, ln2_in, and the row statistics. 5H + I. Backward recomputes the
+  // attention context from qkv (attention alone, no product) and the LayerNorm outputs
+  // ln1_out and the layer's input (the previous layer's output, from its ln2_in) just
+  // before it reads them. The first layer's input, the embeddings' output, is kept.
+  Selective,
+};
+
 // Host destinations of an inference pass; each may be null.
 struct ForwardOutputs {
   float* logits = nullptr;             // [B, num_labels]
@@ -87,6 +108,9 @@ class BertForSequenceClassification {
   Tensor& compute_weights() { return mixed() ? half_weights_ : weights_; }
   DType compute_dtype() const { return compute_; }
   bool mixed() const { return compute_ != DType::F32; }
+  // What training keeps for backward; set before the run is planned (the plan records it).
+  void set_checkpointing(Checkpointing c) { checkpointing_ = c; }
+  Checkpointing checkpointing() const { return checkpointing_; }
   // The gradients of parameter group k (valid from its backward to the optimizer step
   // when step-scoped).
   Tensor& grad(int k) { return group_grads_[size_t(k)]; }
@@ -115,10 +139,22 @@ class BertForSequenceClassification {
   struct Linear { const ParamEntry *w, *b; };
   struct Norm { const ParamEntry *g, *b; };
   struct Layer { Linear qkv, attn_out, ffn_up, ffn_down; Norm ln1, ln2; };
-  // What one layer saves for its backward pass. Dropout masks are not saved: backward
+  // What one layer's forward produces; backward reads all but `out` (the next layer's
+  // input), unless checkpointing recomputes it. Dropout masks are not saved: backward
   // regenerates them from the same Philox streams.
   struct Saved {
     Tensor qkv, attn_stats, ctx, ln1_in, ln1_mean, ln1_rstd, ln1_out, ffn_pre, ln2_in, ln2_mean, ln2_rstd, out;
+    std::array<Tensor*, 11> for_backward() {
+      return {&qkv, &attn_stats, &ctx, &ln1_in, &ln1_mean, &ln1_rstd, &ln1_out, &ffn_pre, &ln2_in, &ln2_mean,
+              &ln2_rstd};
+    }
+  };
+  // What a layer's forward, backward and recomputation share within one pass over a batch.
+  struct Pass {
+    const BatchTensors& batch;
+    const DropoutState& drop;
+    int64_t tokens;  // batch x seq
+    AttentionDims ad;
   };
 
   // What backward reads besides the per-layer Saved buffers.
@@ -127,8 +163,35 @@ class BertForSequenceClassification {
   };
   // The forward pass up to the logits (taken, not released). With keep_for_backward
   // false, layer buffers are released as soon as nothing later reads them.
-  SavedHead run_forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop,
-                        bool keep_for_backward, float* hidden_out);
+  SavedHead run_forward(Backend& be, BufferSource& mem, const Pass& p, bool keep_for_backward, float* hidden_out);
+  Pass pass(const BatchTensors& batch, const DropoutState& drop) const;
+  // Encoder layer l from its input x into saved_[l], taking every buffer: the forward
+  // pass and the full recomputation run this one code.
+  void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x);
+  // After layer l's forward: hands back what nothing reads again (inference) or what
+  // backward recomputes (checkpointing).
+  void release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward);
+  // Layer l's backward: dh holds the gradient of its output and receives that of its
+  // input x. Recomputes first what the policy did not keep (selective: x itself too).
+  void layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x, Tensor& dh);
+  // Attention of layer l from qkv into stats and ctx, with its workspace.
+  void attention(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& qkv, Tensor& stats,
+                 Tensor& ctx);
+  // Selective checkpointing: LN(sum) as the forward's fused residual LayerNorm wrote it
+  // (bit for bit, backend.h), into a new buffer; its statistics are recomputed into
+  // scratch, so that backward reads the forward's own.
+  Tensor recompute_layernorm(Backend& be, BufferSource& mem, const Tensor& sum, const Norm& n, const char* name,
+                             int l);
+  // Buffers in the compute dtype (activations and workspace) and row statistics (F32).
+  Tensor activation(BufferSource& mem, const char* name, int l, Shape s) const {
+    return mem.take(Category::Activations, name, l, compute_, s);
+  }
+  Tensor row_stats(BufferSource& mem, const char* name, int l, Shape s) const {
+    return mem.take(Category::Activations, name, l, DType::F32, s);
+  }
+  Tensor scratch(BufferSource& mem, const char* name, Shape s) const {
+    return mem.take(Category::Workspace, name, -1, compute_, s);
+  }
   static Tensor slice(const Tensor& flat, int64_t offset, Shape s);
   Tensor w(const ParamEntry* e) const { return param(compute_weights(), *e); }
   Tensor g(const ParamEntry* e) const {
@@ -144,6 +207,8 @@ class BertForSequenceClassification {
   // Step-scoped: takes group k's gradient buffer, zeroed, just before its backward.
   void take_grads(Backend& be, BufferSource& mem, int k);
   DropoutSpec dropout(const DropoutState& d, float p, int site) const;
+  // Layer l's dropout sites: k = 0 attention probabilities, 1 attention output, 2 FFN output.
+  DropoutSpec layer_dropout(const DropoutState& d, int l, int k) const;
 
   BertConfig cfg_;
   bool regression_;  // cached: resolved_problem_type() builds a string
@@ -156,6 +221,7 @@ class BertForSequenceClassification {
   Tensor half_weights_;  // their compute-dtype copy under mixed precision
   DType compute_ = DType::F32;
   bool step_scoped_grads_ = false;
+  Checkpointing checkpointing_ = Checkpointing::None;
   std::vector<Tensor> group_grads_;
   std::vector<Saved> saved_;  // one per layer, refilled by each forward pass
 };

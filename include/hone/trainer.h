@@ -53,6 +53,8 @@ StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size);
 enum class GradientMemory { Persistent, StepScoped };
 // What a run with these arguments uses: StepScoped without gradient accumulation.
 GradientMemory gradient_memory_for(const TrainingArguments& a);
+// What --gradient_checkpointing and its policy ask each encoder layer to keep.
+Checkpointing checkpointing_for(const TrainingArguments& a);
 
 // The phases a run plans besides setup: training steps (with gradients and optimizer
 // state), and inference batches of up to infer_batch rows (0: none), for evaluation and

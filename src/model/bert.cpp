@@ -155,100 +155,135 @@ DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float 
   return {p, d.seed, uint64_t(site), d.step_counter};
 }
 
-BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(
-    Backend& be, BufferSource& mem, const BatchTensors& batch, const DropoutState& drop, bool keep_for_backward,
-    float* hidden_out) {
-  const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
-  const int64_t T = int64_t(B) * S, H = cfg_.hidden_size, I = cfg_.intermediate_size, C = cfg_.num_labels;
+// Dropout call sites: 0 embeddings, 1 + 3l + k for layer l, 3L + 1 classifier.
+DropoutSpec BertForSequenceClassification::layer_dropout(const DropoutState& d, int l, int k) const {
+  return dropout(d, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
+}
+
+BertForSequenceClassification::Pass BertForSequenceClassification::pass(const BatchTensors& batch,
+                                                                         const DropoutState& drop) const {
+  return {batch, drop, int64_t(batch.batch) * batch.seq,
+          AttentionDims{batch.batch, batch.seq, cfg_.num_attention_heads, cfg_.head_dim(),
+                        1.0f / std::sqrt(float(cfg_.head_dim()))}};
+}
+
+void BertForSequenceClassification::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
+                                              const Tensor& qkv, Tensor& stats, Tensor& ctx) {
+  Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
+                       {be.attention_workspace_elems(p.ad, compute_)});
+  ops::attention_forward(be, qkv, p.batch.attention_mask, p.ad, layer_dropout(p.drop, l, 0), stats, ctx, ws);
+  mem.release(ws);
+}
+
+void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
+                                                  const Tensor& x) {
+  const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
-  const Activation act = cfg_.activation();
-  const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
-  // Activations in the compute dtype; row statistics in F32.
-  auto saved = [&](const char* name, int layer, Shape s) {
-    return mem.take(Category::Activations, name, layer, compute_, s);
-  };
-  auto stat = [&](const char* name, int layer, Shape s) {
-    return mem.take(Category::Activations, name, layer, DType::F32, s);
-  };
-  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, compute_, s); };
-  auto layer_drop = [&](int l, int k) {
-    return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
-  };
+  const Layer& P = layers_[l];
+  Saved& s = saved_[l];
+  const Tensor qkv_b = slice(compute_weights(), P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
+               down_b = w(P.ffn_down.b);
+  s.qkv = activation(mem, "qkv", l, {T, 3 * H});
+  ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
+  s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
+  s.ctx = activation(mem, "attention_context", l, {T, H});
+  attention(be, mem, p, l, s.qkv, s.attn_stats, s.ctx);
+  s.ln1_in = activation(mem, "attention_residual", l, {T, H});
+  ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
+  s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
+  s.ln1_rstd = row_stats(mem, "attention_ln_rstd", l, {T});
+  s.ln1_out = activation(mem, "attention_out", l, {T, H});
+  // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in)
+  ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_dropout(p.drop, l, 1), w(P.ln1.g), w(P.ln1.b), eps,
+                                     s.ln1_in, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+  s.ffn_pre = activation(mem, "ffn_preactivation", l, {T, I});
+  // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
+  // computes it from the unrounded product, so the recomputation may differ by an ulp.)
+  Tensor ffn_act = scratch(mem, "ffn_activation", {T, I});
+  ops::linear_activation_forward(be, cfg_.activation(), s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre, ffn_act);
+  s.ln2_in = activation(mem, "ffn_residual", l, {T, H});
+  ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
+  mem.release(ffn_act);
+  s.ln2_mean = row_stats(mem, "ffn_ln_mean", l, {T});
+  s.ln2_rstd = row_stats(mem, "ffn_ln_rstd", l, {T});
+  s.out = activation(mem, "layer_out", l, {T, H});
+  // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
+  ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_dropout(p.drop, l, 2), w(P.ln2.g), w(P.ln2.b),
+                                     eps, s.ln2_in, s.out, s.ln2_mean, s.ln2_rstd);
+}
+
+void BertForSequenceClassification::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {
+  Saved& s = saved_[l];
+  if (!keep_for_backward) {
+    mem.release(x);
+    for (const Tensor* t : s.for_backward()) mem.release(*t);
+  } else if (checkpointing_ == Checkpointing::Full) {  // x stays: the layer's checkpoint
+    for (const Tensor* t : s.for_backward()) mem.release(*t);
+  } else if (checkpointing_ == Checkpointing::Selective) {
+    mem.release(s.ctx);
+    mem.release(s.ln1_out);
+    if (l > 0) mem.release(x);  // recomputed from the previous layer's ln2_in
+  }
+}
+
+Tensor BertForSequenceClassification::recompute_layernorm(Backend& be, BufferSource& mem, const Tensor& sum,
+                                                          const Norm& n, const char* name, int l) {
+  const int64_t T = sum.shape[0];
+  Tensor y = activation(mem, name, l, sum.shape);
+  Tensor mean = mem.take(Category::Workspace, "recomputed_ln_mean", -1, DType::F32, {T});
+  Tensor rstd = mem.take(Category::Workspace, "recomputed_ln_rstd", -1, DType::F32, {T});
+  ops::layernorm_forward(be, sum, w(n.g), w(n.b), cfg_.layer_norm_eps, y, mean, rstd);
+  mem.release(mean);
+  mem.release(rstd);
+  return y;
+}
+
+BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(Backend& be, BufferSource& mem,
+                                                                                     const Pass& p,
+                                                                                     bool keep_for_backward,
+                                                                                     float* hidden_out) {
+  const int B = p.batch.batch, S = p.batch.seq, L = cfg_.num_hidden_layers;
+  const int64_t T = p.tokens, H = cfg_.hidden_size, C = cfg_.num_labels;
   SavedHead h;
-  h.emb_sum = saved("embeddings_sum", -1, {T, H});
-  h.emb_mean = stat("embeddings_ln_mean", -1, {T});
-  h.emb_rstd = stat("embeddings_ln_rstd", -1, {T});
-  h.emb_out = saved("embeddings_out", -1, {T, H});
-  ops::embedding_forward(be, batch.input_ids, batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
-  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), eps, h.emb_out, h.emb_mean, h.emb_rstd);
-  ops::dropout(be, h.emb_out, dropout(drop, cfg_.hidden_dropout_prob, 0), h.emb_out);
+  h.emb_sum = activation(mem, "embeddings_sum", -1, {T, H});
+  h.emb_mean = row_stats(mem, "embeddings_ln_mean", -1, {T});
+  h.emb_rstd = row_stats(mem, "embeddings_ln_rstd", -1, {T});
+  h.emb_out = activation(mem, "embeddings_out", -1, {T, H});
+  ops::embedding_forward(be, p.batch.input_ids, p.batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
+  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), cfg_.layer_norm_eps, h.emb_out, h.emb_mean,
+                         h.emb_rstd);
+  ops::dropout(be, h.emb_out, dropout(p.drop, cfg_.hidden_dropout_prob, 0), h.emb_out);
   if (!keep_for_backward)
     for (const Tensor& t : {h.emb_sum, h.emb_mean, h.emb_rstd}) mem.release(t);
 
   for (int l = 0; l < L; ++l) {
-    const Layer& P = layers_[l];
-    Saved& s = saved_[l];
     const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
-    const Tensor qkv_b = slice(compute_weights(), P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
-                 down_b = w(P.ffn_down.b);
-    s.qkv = saved("qkv", l, {T, 3 * H});
-    ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
-    s.attn_stats = stat("attention_row_stats", l, {B, ad.heads, S, 2});  // not the [S, S] probabilities
-    s.ctx = saved("attention_context", l, {T, H});
-    Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
-                         {be.attention_workspace_elems(ad, compute_)});
-    ops::attention_forward(be, s.qkv, batch.attention_mask, ad, layer_drop(l, 0), s.attn_stats, s.ctx, ws);
-    mem.release(ws);
-    s.ln1_in = saved("attention_residual", l, {T, H});
-    ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
-    s.ln1_mean = stat("attention_ln_mean", l, {T});
-    s.ln1_rstd = stat("attention_ln_rstd", l, {T});
-    s.ln1_out = saved("attention_out", l, {T, H});
-    // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in)
-    ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_drop(l, 1), w(P.ln1.g), w(P.ln1.b), eps, s.ln1_in,
-                                       s.ln1_out, s.ln1_mean, s.ln1_rstd);
-    s.ffn_pre = saved("ffn_preactivation", l, {T, I});
-    // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
-    // computes it from the unrounded product, so the recomputation may differ by an ulp.)
-    Tensor ffn_act = scratch("ffn_activation", {T, I});
-    ops::linear_activation_forward(be, act, s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre, ffn_act);
-    s.ln2_in = saved("ffn_residual", l, {T, H});
-    ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
-    mem.release(ffn_act);
-    s.ln2_mean = stat("ffn_ln_mean", l, {T});
-    s.ln2_rstd = stat("ffn_ln_rstd", l, {T});
-    s.out = saved("layer_out", l, {T, H});
-    // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
-    ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_drop(l, 2), w(P.ln2.g), w(P.ln2.b), eps,
-                                       s.ln2_in, s.out, s.ln2_mean, s.ln2_rstd);
-    if (!keep_for_backward)
-      for (const Tensor& t : std::initializer_list<Tensor>{x, s.qkv, s.attn_stats, s.ctx, s.ln1_in, s.ln1_mean,
-                                                           s.ln1_rstd, s.ln1_out, s.ffn_pre, s.ln2_in, s.ln2_mean,
-                                                           s.ln2_rstd})
-        mem.release(t);
+    layer_forward(be, mem, p, l, x);
+    release_unkept(mem, l, x, keep_for_backward);
   }
 
   const Tensor& last = L > 0 ? saved_[L - 1].out : h.emb_out;
   if (hidden_out && !be.dry_run) be.read(last, hidden_out, size_t(T * H));
-  h.cls_tok = saved("cls_token", -1, {B, H});
+  h.cls_tok = activation(mem, "cls_token", -1, {B, H});
   ops::gather_first_tokens(be, last, S, h.cls_tok);
   // Nothing in backward reads the last layer's output (in training the embeddings' output
   // stays for the first layer's backward).
   if (L > 0 || !keep_for_backward) mem.release(last);
-  h.pooled = saved("pooled", -1, {B, H});
+  h.pooled = activation(mem, "pooled", -1, {B, H});
   const Tensor pool_b = w(pooler_.b), cls_b = w(classifier_.b);
   ops::linear_forward(be, h.cls_tok, w(pooler_.w), &pool_b, h.pooled);
   ops::tanh_forward(be, h.pooled, h.pooled);
-  h.cls_in = saved("classifier_in", -1, {B, H});
-  ops::dropout(be, h.pooled, dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1), h.cls_in);
-  h.logits = scratch("logits", {B, C});
+  h.cls_in = activation(mem, "classifier_in", -1, {B, H});
+  ops::dropout(be, h.pooled, dropout(p.drop, cfg_.effective_classifier_dropout(), 3 * L + 1), h.cls_in);
+  h.logits = scratch(mem, "logits", {B, C});
   ops::linear_forward(be, h.cls_in, w(classifier_.w), &cls_b, h.logits);
   return h;
 }
 
 void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, const BatchTensors& batch,
                                             const ForwardOutputs& out) {
-  SavedHead h = run_forward(be, mem, batch, DropoutState{0, false}, false, out.last_hidden_state);
+  const DropoutState off{0, false};
+  SavedHead h = run_forward(be, mem, pass(batch, off), false, out.last_hidden_state);
   if (!be.dry_run) {
     if (out.pooled) be.read(h.pooled, out.pooled, size_t(h.pooled.numel()));
     if (out.logits) be.read(h.logits, out.logits, size_t(h.logits.numel()));
@@ -260,23 +295,16 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
                                                      const DropoutState& drop, float grad_scale,
                                                      const Tensor* loss_scale, Tensor& loss, float* logits_out) {
   const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
-  const int64_t T = int64_t(B) * S, H = cfg_.hidden_size, I = cfg_.intermediate_size, C = cfg_.num_labels;
-  const Activation act = cfg_.activation();
-  const AttentionDims ad{B, S, cfg_.num_attention_heads, cfg_.head_dim(), 1.0f / std::sqrt(float(cfg_.head_dim()))};
-  const int64_t attn_ws_elems = be.attention_workspace_elems(ad, compute_);
-  auto scratch = [&](const char* name, Shape s) { return mem.take(Category::Workspace, name, -1, compute_, s); };
-  // Dropout call sites: 0 embeddings, 1 + 3l + {0 probs, 1 attention output, 2 FFN output}, 3L + 1 classifier.
-  auto layer_drop = [&](int l, int k) {
-    return dropout(drop, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
-  };
+  const int64_t H = cfg_.hidden_size, C = cfg_.num_labels;
+  const Pass p = pass(batch, drop);
   const DropoutSpec emb_drop = dropout(drop, cfg_.hidden_dropout_prob, 0);
   const DropoutSpec cls_drop = dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1);
 
-  SavedHead h = run_forward(be, mem, batch, drop, true, nullptr);
+  SavedHead h = run_forward(be, mem, p, true, nullptr);
   Tensor &emb_sum = h.emb_sum, &emb_mean = h.emb_mean, &emb_rstd = h.emb_rstd, &emb_out = h.emb_out,
          &cls_tok = h.cls_tok, &pooled = h.pooled, &cls_in = h.cls_in, &logits = h.logits;
   if (logits_out && !be.dry_run) be.read(logits, logits_out, size_t(B * C));
-  Tensor dlogits = scratch("logits_grad", {B, C});
+  Tensor dlogits = scratch(mem, "logits_grad", {B, C});
   if (regression_)
     ops::mse(be, logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
   else
@@ -287,80 +315,29 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   // ---------------- backward
   take_grads(be, mem, L + 1);
   Tensor gcls_w = g(classifier_.w), gcls_b = g(classifier_.b), gpool_b = g(pooler_.b);
-  Tensor d_cls = scratch("classifier_in_grad", {B, H});
+  Tensor d_cls = scratch(mem, "classifier_in_grad", {B, H});
   ops::linear_backward(be, dlogits, cls_in, w(classifier_.w), &d_cls, false, gcls_w, &gcls_b);
   mem.release(dlogits);
   mem.release(cls_in);
   ops::dropout(be, d_cls, cls_drop, d_cls);
   ops::tanh_backward(be, d_cls, pooled, d_cls);
   mem.release(pooled);
-  Tensor d_tok = scratch("cls_token_grad", {B, H});
+  Tensor d_tok = scratch(mem, "cls_token_grad", {B, H});
   Tensor gpool_w = g(pooler_.w);
   ops::linear_backward(be, d_cls, cls_tok, w(pooler_.w), &d_tok, false, gpool_w, &gpool_b);
   mem.release(d_cls);
   mem.release(cls_tok);
-  Tensor dh = scratch("hidden_grad", {T, H});  // gradient flowing down the layers
+  Tensor dh = scratch(mem, "hidden_grad", {p.tokens, H});  // gradient flowing down the layers
   ops::scatter_first_tokens(be, d_tok, S, dh);
   mem.release(d_tok);
 
-  for (int l = L - 1; l >= 0; --l) {
-    const Layer& P = layers_[l];
-    Saved& s = saved_[l];
-    const Tensor& x = l == 0 ? emb_out : saved_[l - 1].out;
-    take_grads(be, mem, 1 + l);
-    Tensor gg2 = g(P.ln2.g), gb2 = g(P.ln2.b), gg1 = g(P.ln1.g), gb1 = g(P.ln1.b);
-    Tensor gdown_w = g(P.ffn_down.w), gdown_b = g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = g(P.ffn_up.b);
-    Tensor gao_w = g(P.attn_out.w), gao_b = g(P.attn_out.b);
-    Tensor gqkv_w = g3(P.qkv.w, 3 * H, H), gqkv_b = g3(P.qkv.b, 3 * H, 1).view({3 * H});
-
-    // out = LN2(ln2_in), ln2_in = ln1_out + dropout(down(act(ffn_pre))): d_res becomes
-    // d ln2_in, and dh, whose gradient of out is not read again, that of the FFN output.
-    Tensor d_res = scratch("residual_grad", {T, H});
-    ops::layernorm_dropout_backward(be, dh, s.ln2_in, w(P.ln2.g), s.ln2_mean, s.ln2_rstd, layer_drop(l, 2), d_res, dh,
-                                    gg2, gb2);
-    mem.release(s.ln2_in);
-    mem.release(s.ln2_mean);
-    mem.release(s.ln2_rstd);
-    Tensor ffn_act = scratch("ffn_activation", {T, I});  // recomputed from ffn_pre
-    Tensor d_pre = scratch("ffn_preactivation_grad", {T, I});
-    ops::activation_linear_backward(be, act, dh, s.ffn_pre, w(P.ffn_down.w), ffn_act, d_pre, gdown_w, &gdown_b);
-    mem.release(ffn_act);
-    mem.release(s.ffn_pre);
-    // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
-    ops::linear_backward(be, d_pre, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
-    mem.release(d_pre);
-    mem.release(s.ln1_out);
-
-    // ln1_out = LN1(ln1_in), ln1_in = x + dropout(attn_out(ctx)): dh becomes d ln1_in (the
-    // residual path) and d_res the gradient of the attention output.
-    ops::layernorm_dropout_backward(be, d_res, s.ln1_in, w(P.ln1.g), s.ln1_mean, s.ln1_rstd, layer_drop(l, 1), dh,
-                                    d_res, gg1, gb1);
-    mem.release(s.ln1_in);
-    mem.release(s.ln1_mean);
-    mem.release(s.ln1_rstd);
-    Tensor d_ctx = scratch("attention_context_grad", {T, H});
-    ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
-    mem.release(d_res);
-    Tensor d_qkv = scratch("qkv_grad", {T, 3 * H});
-    Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {attn_ws_elems});
-    ops::attention_backward(be, d_ctx, s.qkv, s.ctx, batch.attention_mask, s.attn_stats, ad, layer_drop(l, 0), d_qkv,
-                            ws);
-    mem.release(ws);
-    mem.release(d_ctx);
-    mem.release(s.ctx);
-    mem.release(s.attn_stats);
-    // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
-    ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, &gqkv_b);
-    mem.release(d_qkv);
-    mem.release(s.qkv);
-    mem.release(x);
-  }
+  for (int l = L - 1; l >= 0; --l) layer_backward(be, mem, p, l, l == 0 ? emb_out : saved_[l - 1].out, dh);
 
   // emb_out = dropout(LN(emb_sum))
   take_grads(be, mem, 0);
   Tensor gemb_g = g(emb_ln_.g), gemb_b = g(emb_ln_.b), gword = g(word_), gpos = g(pos_), gtype = g(type_);
   ops::dropout(be, dh, emb_drop, dh);
-  Tensor d_emb = scratch("embeddings_grad", {T, H});
+  Tensor d_emb = scratch(mem, "embeddings_grad", {p.tokens, H});
   ops::layernorm_backward(be, dh, emb_sum, w(emb_ln_.g), emb_mean, emb_rstd, d_emb, gemb_g, gemb_b);
   mem.release(dh);
   mem.release(emb_sum);
@@ -368,6 +345,79 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   mem.release(emb_rstd);
   ops::embedding_backward(be, d_emb, batch.input_ids, batch.token_type_ids, S, gword, gpos, gtype);
   mem.release(d_emb);
+}
+
+void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
+                                                   Tensor& dh) {
+  const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const bool selective = checkpointing_ == Checkpointing::Selective;
+  const Layer& P = layers_[l];
+  Saved& s = saved_[l];
+  if (checkpointing_ == Checkpointing::Full) {
+    layer_forward(be, mem, p, l, x);
+    mem.release(s.out);  // the next layer's input, whose backward is done
+  }
+  take_grads(be, mem, 1 + l);
+  Tensor gg2 = g(P.ln2.g), gb2 = g(P.ln2.b), gg1 = g(P.ln1.g), gb1 = g(P.ln1.b);
+  Tensor gdown_w = g(P.ffn_down.w), gdown_b = g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = g(P.ffn_up.b);
+  Tensor gao_w = g(P.attn_out.w), gao_b = g(P.attn_out.b);
+  Tensor gqkv_w = g3(P.qkv.w, 3 * H, H), gqkv_b = g3(P.qkv.b, 3 * H, 1).view({3 * H});
+
+  // out = LN2(ln2_in), ln2_in = ln1_out + dropout(down(act(ffn_pre))): d_res becomes
+  // d ln2_in, and dh, whose gradient of out is not read again, that of the FFN output.
+  Tensor d_res = scratch(mem, "residual_grad", {T, H});
+  ops::layernorm_dropout_backward(be, dh, s.ln2_in, w(P.ln2.g), s.ln2_mean, s.ln2_rstd, layer_dropout(p.drop, l, 2),
+                                  d_res, dh, gg2, gb2);
+  mem.release(s.ln2_in);
+  mem.release(s.ln2_mean);
+  mem.release(s.ln2_rstd);
+  Tensor ffn_act = scratch(mem, "ffn_activation", {T, I});  // recomputed from ffn_pre
+  Tensor d_pre = scratch(mem, "ffn_preactivation_grad", {T, I});
+  ops::activation_linear_backward(be, cfg_.activation(), dh, s.ffn_pre, w(P.ffn_down.w), ffn_act, d_pre, gdown_w,
+                                  &gdown_b);
+  mem.release(ffn_act);
+  mem.release(s.ffn_pre);
+  // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
+  if (selective) s.ln1_out = recompute_layernorm(be, mem, s.ln1_in, P.ln1, "attention_out", l);
+  ops::linear_backward(be, d_pre, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
+  mem.release(d_pre);
+  mem.release(s.ln1_out);
+
+  // ln1_out = LN1(ln1_in), ln1_in = x + dropout(attn_out(ctx)): dh becomes d ln1_in (the
+  // residual path) and d_res the gradient of the attention output.
+  ops::layernorm_dropout_backward(be, d_res, s.ln1_in, w(P.ln1.g), s.ln1_mean, s.ln1_rstd,
+                                  layer_dropout(p.drop, l, 1), dh, d_res, gg1, gb1);
+  mem.release(s.ln1_in);
+  mem.release(s.ln1_mean);
+  mem.release(s.ln1_rstd);
+  if (selective) {
+    // The context again, from the kept qkv with the same dropout; the statistics it
+    // recomputes go to scratch, so that backward reads the forward's own.
+    s.ctx = activation(mem, "attention_context", l, {T, H});
+    Tensor stats =
+        mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
+    attention(be, mem, p, l, s.qkv, stats, s.ctx);
+    mem.release(stats);
+  }
+  Tensor d_ctx = scratch(mem, "attention_context_grad", {T, H});
+  ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
+  mem.release(d_res);
+  Tensor d_qkv = scratch(mem, "qkv_grad", {T, 3 * H});
+  Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
+                       {be.attention_workspace_elems(p.ad, compute_)});
+  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, p.ad,
+                          layer_dropout(p.drop, l, 0), d_qkv, ws);
+  mem.release(ws);
+  mem.release(d_ctx);
+  mem.release(s.ctx);
+  mem.release(s.attn_stats);
+  if (selective && l > 0)
+    x = recompute_layernorm(be, mem, saved_[l - 1].ln2_in, layers_[l - 1].ln2, "layer_out", l - 1);
+  // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
+  ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, &gqkv_b);
+  mem.release(d_qkv);
+  mem.release(s.qkv);
+  mem.release(x);
 }
 
 }  // namespace hone

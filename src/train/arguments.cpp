@@ -45,6 +45,7 @@ constexpr std::array<std::string_view, 3> kDevices = {"auto", "cpu", "cuda"};
 constexpr std::array<std::string_view, 3> kEvalStrategies = {"no", "steps", "epoch"};
 constexpr std::array<std::string_view, 4> kSaveStrategies = {"no", "steps", "epoch", "best"};
 constexpr std::array<std::string_view, 3> kReporters = {"none", "tensorboard", "all"};
+constexpr std::array<std::string_view, 2> kCheckpointingPolicies = {"full", "selective"};
 constexpr std::array<std::string_view, 7> kMetrics = {"loss", "accuracy", "f1", "matthews_correlation",
                                                       "mse", "pearson", "spearman"};
 
@@ -122,6 +123,12 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add_bool(app, "tf32", a.tf32, "TF32 tensor cores for fp32 matrix products (CUDA)");
   add_bool(app, "bf16", a.bf16, "bf16 mixed precision (CUDA): fp32 master weights, bf16 products and activations");
   add_bool(app, "fp16", a.fp16, "fp16 mixed precision (CUDA) with dynamic loss scaling");
+  add_bool(app, "gradient_checkpointing", a.gradient_checkpointing,
+           "Keep only part of each encoder layer's activations and recompute the rest during backward: the same "
+           "gradients in less memory, for up to one more forward pass");
+  add(app, "gradient_checkpointing_policy", a.gradient_checkpointing_policy,
+      "What --gradient_checkpointing keeps of each layer: full (the default; its input alone, as Trainer) or "
+      "selective (the matrix products' outputs; only attention and LayerNorm outputs are recomputed)");
   add(app, "device", a.device, "auto, cpu or cuda");
   add_bool(app, "cuda_graphs", a.cuda_graphs,
            "Replay each repeated training step as a CUDA graph, without launching its kernels one by one (CUDA)");
@@ -229,6 +236,12 @@ void validate(const TrainingArguments& a) {
     fail("--device: expected one of {}, got '{}'", fmt::join(kDevices, ", "), a.device);
   if (a.train_file.empty()) parse_synthetic_dataset(a.dataset);
   if (a.bf16 && a.fp16) fail("--bf16 and --fp16: choose one mixed precision");
+  if (!a.gradient_checkpointing_policy.empty()) {
+    if (!a.gradient_checkpointing) fail("--gradient_checkpointing_policy needs --gradient_checkpointing");
+    if (!one_of(a.gradient_checkpointing_policy, kCheckpointingPolicies))
+      fail("--gradient_checkpointing_policy: expected one of {}, got '{}'", fmt::join(kCheckpointingPolicies, ", "),
+           a.gradient_checkpointing_policy);
+  }
 }
 
 DType compute_dtype(const TrainingArguments& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }

@@ -45,6 +45,11 @@ GradientMemory gradient_memory_for(const TrainingArguments& a) {
   return a.gradient_accumulation_steps == 1 ? GradientMemory::StepScoped : GradientMemory::Persistent;
 }
 
+Checkpointing checkpointing_for(const TrainingArguments& a) {
+  if (!a.gradient_checkpointing) return Checkpointing::None;
+  return a.gradient_checkpointing_policy == "selective" ? Checkpointing::Selective : Checkpointing::Full;
+}
+
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
                          GradientMemory grads, RunPhases phases, PlanOnly)
     : args_(a),
@@ -57,6 +62,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
+  model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
 }
 
