@@ -184,3 +184,34 @@ TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
 
 }  // namespace
 }  // namespace hone
+
+namespace hone {
+namespace {
+
+TEST(CliFit, EstimateListsTheConfigurationsThatFitABudget) {
+  Result r = test::run_hone("estimate --model_name_or_path bert-base-uncased --dataset synthetic:64x512 "
+                            "--per_device_train_batch_size 32 --device cpu --memory_budget 8GB");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "configurations with 32 samples per update that fit 8GB")) << r.out;
+  EXPECT_TRUE(has(r.out, "1.00x")) << r.out;
+  EXPECT_TRUE(has(r.out, "checkpointing full")) << r.out;
+  Result tiny = test::run_hone("estimate --model_name_or_path bert-large-uncased --dataset synthetic:64x512 --device "
+                               "cpu --memory_budget 100MB");
+  ASSERT_EQ(tiny.code, 0) << tiny.out;
+  EXPECT_TRUE(has(tiny.out, "none: not even batch 1 fits")) << tiny.out;
+  Result bad = test::run_hone("estimate --device cpu --memory_budget lots");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(has(bad.out, "memory size 'lots'")) << bad.out;
+}
+
+TEST(CliFit, AutoFindBatchSizeSaysWhatItDoesOnTheCpu) {
+  test::TempDir tmp;
+  Result r = test::run_hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --device cpu "
+                            "--per_device_train_batch_size 4 --num_train_epochs 1 --auto_find_batch_size "
+                            "--save_strategy no --output_dir " + tmp.path);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "--auto_find_batch_size sizes the batch for GPU memory")) << r.out;
+}
+
+}  // namespace
+}  // namespace hone

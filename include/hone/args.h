@@ -45,6 +45,9 @@ struct TrainingArguments {
   std::string logging_dir;              // default: output_dir/runs/<date>_<host>
   // schedule
   int per_device_train_batch_size = 8;
+  // The largest batch up to per_device_train_batch_size whose plan fits the GPU's free
+  // memory (Trainer instead halves the batch after each out-of-memory failure).
+  bool auto_find_batch_size = false;
   int gradient_accumulation_steps = 1;
   double num_train_epochs = 3.0;
   int64_t max_steps = -1;  // > 0 overrides num_train_epochs

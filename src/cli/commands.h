@@ -8,6 +8,7 @@ namespace hone::cli {
 
 int train_command(const TrainingArguments& a);
 int predict_command(const TrainingArguments& a);
-int estimate_command(const TrainingArguments& a, bool list_buffers);
+// memory_budget: empty, a size ("16GB") or "gpu" (see `hone estimate --help`).
+int estimate_command(const TrainingArguments& a, bool list_buffers, const std::string& memory_budget);
 
 }  // namespace hone::cli

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
   CLI::App* est = app.add_subcommand("estimate", "print the memory plan of a run without running it");
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");
+  std::string memory_budget;
+  est->add_option("--memory_budget", memory_budget,
+                  "list the configurations that fit this much memory, fastest first: a size such as 16GB or 24GiB "
+                  "(the card's; the CUDA context measured here is taken off it), or 'gpu' for this GPU's free memory");
   CLI::App* env = app.add_subcommand("env", "print the GPUs, driver, CUDA versions and supported features");
   std::string tokenizer_dir;
   int tokenize_max_length = 0;
@@ -49,7 +53,7 @@ int main(int argc, char** argv) {
     if (env->parsed()) return cli::env_command();
     if (tok->parsed()) return cli::tokenize_command(tokenizer_dir, tokenize_max_length);
     validate(estimate_args);
-    return cli::estimate_command(estimate_args, list_buffers);
+    return cli::estimate_command(estimate_args, list_buffers, memory_budget);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "hone: error: {}\n", e.what());

@@ -16,6 +16,7 @@
 #include "cli/report.h"
 #include "cli/setup.h"
 #include "hone/cuda.h"
+#include "hone/fit.h"
 #include "hone/gpu_info.h"
 #include "hone/safetensors.h"
 #include "hone/tensorboard.h"
@@ -83,7 +84,42 @@ std::string shown(const nlohmann::ordered_json& e) {
 
 }  // namespace
 
-int train_command(const TrainingArguments& a) {
+// On a GPU, the batch the run trains with: under --auto_find_batch_size the largest up to
+// the requested one whose plan fits the free memory; otherwise the requested one, with a
+// clear error before anything is allocated when its plan cannot fit.
+int fitted_batch(const TrainingArguments& a, const BertConfig& cfg, int seq, Backend& be, RunPhases phases) {
+  const std::optional<GpuMemory> m = be.device() == Device::CUDA ? gpu_memory(0) : std::nullopt;
+  if (!m) {
+    if (a.auto_find_batch_size)
+      fmt::print("notice: --auto_find_batch_size sizes the batch for GPU memory; on the {} backend the requested "
+                 "batch of {} is used\n", be.name(), a.per_device_train_batch_size);
+    return a.per_device_train_batch_size;
+  }
+  constexpr double kMB = 1 << 20;
+  const uint64_t budget = plannable_bytes(m->free);
+  const bool half_ok = mixed_precision_available(nullptr);
+  uint64_t bytes = 0;
+  if (!a.auto_find_batch_size) {
+    bytes = TrainingRun::plan(a, cfg, seq, be, gradient_memory_for(a), phases).total_bytes();
+    if (bytes <= m->free) return a.per_device_train_batch_size;
+    fail("the run's memory plan needs {:.0f} MB, {:.0f} MB more than the {:.0f} MB free on the GPU; {} "
+         "(--auto_find_batch_size picks the largest batch that fits)",
+         double(bytes) / kMB, double(bytes - m->free) / kMB, double(m->free) / kMB,
+         methods_that_fit(a, cfg, seq, be, phases, budget, half_ok));
+  }
+  const int b = largest_fitting_batch(a, cfg, seq, be, phases, budget, &bytes);
+  if (b == 0)
+    fail("--auto_find_batch_size: even batch 1 needs {:.0f} MB, {:.0f} MB more than the {:.0f} MB the GPU has free "
+         "(less a reserve); {}",
+         double(bytes) / kMB, double(bytes - std::min(bytes, budget)) / kMB, double(m->free) / kMB,
+         methods_that_fit(a, cfg, seq, be, phases, budget, half_ok));
+  fmt::print("auto_find_batch_size: batch {} of the requested {} fits ({:.0f} MB planned, {:.0f} MB free)\n", b,
+             a.per_device_train_batch_size, double(bytes) / kMB, double(m->free) / kMB);
+  return b;
+}
+
+int train_command(const TrainingArguments& requested) {
+  TrainingArguments a = requested;  // the batch may change to fit
   const bool want_gpu = a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
   std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(0) : std::nullopt;
   if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
@@ -94,8 +130,9 @@ int train_command(const TrainingArguments& a) {
   Backend& be = *backend;
   std::optional<GpuMemory> after_context = print_gpu_memory(be, "after the CUDA context and libraries");
 
-  TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a),
-                  RunPhases{true, in.eval ? a.per_device_eval_batch_size : 0});
+  const RunPhases phases{true, in.eval ? a.per_device_eval_batch_size : 0};
+  a.per_device_train_batch_size = fitted_batch(a, cfg, in.seq_len, be, phases);
+  TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a), phases);
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", in.model.name, describe(cfg, layout.count()));
   std::vector<float> host(static_cast<size_t>(layout.count()));  // staging for init, load and save

@@ -97,6 +97,9 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add(app, "report_to", a.report_to, "none, tensorboard or all (a JSONL log is always written)");
   add(app, "logging_dir", a.logging_dir, "TensorBoard directory (default: output_dir/runs/DATE_HOST)");
   add(app, "per_device_train_batch_size", a.per_device_train_batch_size, "Batch size per device");
+  add_bool(app, "auto_find_batch_size", a.auto_find_batch_size,
+           "Train with the largest batch up to --per_device_train_batch_size that fits the GPU's free memory, "
+           "found from the memory plan before the first step");
   add(app, "gradient_accumulation_steps", a.gradient_accumulation_steps,
       "Micro-batches accumulated per optimizer step");
   add(app, "num_train_epochs", a.num_train_epochs, "Epochs to train (ignored if --max_steps > 0)");
