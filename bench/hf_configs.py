@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The peer's HF Trainer bench with the mixed-precision configurations it lacks.
+"""The peer's HF Trainer bench with the configurations it lacks (fp16 fused, 8-bit AdamW).
 
 Usage: python3 bench/hf_configs.py HF_TRAINER_BENCH.py NAME            (one run; prints one JSON line)
        python3 bench/hf_configs.py HF_TRAINER_BENCH.py all OUTFILE [NAME...]
@@ -25,11 +25,13 @@ import subprocess
 import sys
 
 # HF's best settings (tf32 + fused AdamW) in fp16 too; bf16 has them in the peer's CONFIGS.
+# adamw8bit_bs4: bitsandbytes' 8-bit AdamW, beside the peer's adafactor_bs4 (needs bitsandbytes).
 EXTRA_CONFIGS = {
     "fp16_fused_bs4": dict(per_device_train_batch_size=4, fp16=True, tf32=True, optim="adamw_torch_fused"),
     "fp16_fused_bs8": dict(per_device_train_batch_size=8, fp16=True, tf32=True, optim="adamw_torch_fused"),
     "fp16_fused_bs32": dict(per_device_train_batch_size=32, fp16=True, tf32=True, optim="adamw_torch_fused",
                             dataloader_pin_memory=True),
+    "adamw8bit_bs4": dict(per_device_train_batch_size=4, optim="adamw_bnb_8bit"),
 }
 TANH = "_tanh"
 
