@@ -2,6 +2,8 @@
 // of the library Trainer builds (tests/fixtures/optim), and its state in checkpoints.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "hone/cpu_backend.h"
 #include "hone/error.h"
 #include "hone/optimizer.h"
@@ -41,6 +43,45 @@ TEST(OptimArgs, UnknownKeysAndOptimizersAreErrors) {
   EXPECT_NE(name.find("adamw_torch_fused"), std::string::npos) << name;
 }
 
+TEST(OptimArgs, SgdAndAdagradTakeTrainersKeysAndTorchsRules) {
+  TrainingArguments a;
+  auto error = [&](const std::string& optim, const std::string& args) {
+    a.optim = optim;
+    a.optim_args = args;
+    return error_of([&] { validate_optimizer(a); });
+  };
+  EXPECT_EQ(error("sgd", "momentum=0.9,dampening=0.1"), "");
+  EXPECT_EQ(error("sgd", "momentum=0.9,nesterov=True"), "");
+  EXPECT_EQ(error("adagrad", "lr_decay=0.01,eps=1e-8"), "");
+  EXPECT_NE(error("sgd", "nesterov=true").find("momentum > 0"), std::string::npos);
+  EXPECT_NE(error("sgd", "momentum=0.9,dampening=0.5,nesterov=1").find("dampening 0"), std::string::npos);
+  EXPECT_NE(error("sgd", "momentum=x").find("momentum=x"), std::string::npos);
+  EXPECT_NE(error("sgd", "nesterov=maybe").find("true or false"), std::string::npos);
+  EXPECT_NE(error("sgd", "weight_decay=0.1").find("--weight_decay"), std::string::npos);
+  EXPECT_NE(error("adagrad", "momentum=0.9").find("has no setting 'momentum'; it takes"), std::string::npos);
+  EXPECT_NE(error("lion_32bit", "beta1=0.9").find("takes no arguments"), std::string::npos);
+  // The state each keeps, by name, as the checkpoint holds it.
+  a.optim_args.clear();
+  for (auto [optim, args, names] : {std::tuple{"sgd", "", std::vector<std::string>{}},
+                                    std::tuple{"sgd", "momentum=0.9", std::vector<std::string>{"momentum_buffer"}},
+                                    std::tuple{"adagrad", "", std::vector<std::string>{"sum"}},
+                                    std::tuple{"lion_32bit", "", std::vector<std::string>{"exp_avg"}}}) {
+    a.optim = optim;
+    a.optim_args = args;
+    std::unique_ptr<Optimizer> o = make_optimizer(a);
+    MemoryPlanner plan;
+    plan.begin_phase(Phase::Setup);
+    o->take_state(plan, ParamLayout(BertConfig{}));
+    plan.end_phase();
+    std::vector<std::string> got;
+    for (const StateTensor& t : o->state()) got.push_back(t.name);
+    EXPECT_EQ(got, names) << optim << " " << args;
+    EXPECT_EQ(plan.finish().category_bytes[size_t(Category::OptimizerState)],
+              names.empty() ? 0 : (ParamLayout(BertConfig{}).count() * 4 + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment)
+        << optim;
+  }
+}
+
 // Each registered optimizer's updates against its fixture, on the CPU reference.
 struct FixtureCase {
   const char* name;
@@ -61,7 +102,10 @@ TEST_P(OptimizerFixture, FollowsTheLibraryTrainerBuilds) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerFixture, ::testing::Values(FixtureCase{"adamw_torch", 1e-6}),
+INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerFixture,
+                         ::testing::Values(FixtureCase{"adamw_torch", 1e-6}, FixtureCase{"sgd", 1e-6},
+                                           FixtureCase{"sgd_nesterov", 1e-6}, FixtureCase{"sgd_dampening", 1e-6},
+                                           FixtureCase{"adagrad", 1e-6}, FixtureCase{"lion_32bit", 1e-6}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

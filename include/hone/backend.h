@@ -85,6 +85,32 @@ struct AdamWSlice {
   Tensor half;
 };
 
+// Optimizers whose update of an element reads only that element (and one state value),
+// as torch.optim.SGD, torch.optim.Adagrad and bitsandbytes' 32-bit Lion compute them.
+enum class ElementwiseOptimizer : uint8_t { Sgd, Adagrad, Lion };
+
+// What an element-wise update reads from the backend's memory, set per update on the host
+// (so that a replayed CUDA graph reads the current values).
+struct ElementwiseScalars {
+  float lr;            // SGD and Lion: the learning rate; Adagrad: lr / (1 + (step - 1) lr_decay)
+  float weight_decay;  // of decayed slices: L2, added to the gradient (SGD, Adagrad), or
+                       // decoupled, p *= 1 - lr weight_decay (Lion)
+  float beta1, beta2;  // SGD: momentum and 1 - dampening; Lion: its betas
+  float eps;           // Adagrad
+  float first;         // SGD: 1 on the first update, whose momentum buffer is the gradient
+  float nesterov;      // SGD: 1 for Nesterov momentum
+};
+constexpr int kElementwiseScalarsSize = int(sizeof(ElementwiseScalars) / sizeof(float));
+
+// One parameter range of an element-wise update. state (F32, the parameter's shape) is
+// SGD's momentum buffer, Adagrad's sum of squares or Lion's exp_avg; empty for SGD without
+// momentum. half: as AdamWSlice's.
+struct ElementwiseSlice {
+  Tensor param, grad, state;
+  bool decay = false;
+  Tensor half;
+};
+
 // Dynamic loss scaling for fp16, as torch.amp.GradScaler: the scale grows by
 // growth_factor after growth_interval consecutive steps with finite gradients and is
 // multiplied by backoff_factor after a step whose gradients hold an inf or NaN (that step
@@ -276,6 +302,11 @@ class Backend {
   // kMaxTensorList), each with its own weight decay (s.weight_decay is not used); nothing
   // changes when norm_coef[2] != 0.
   virtual void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) = 0;
+  // The element-wise optimizer `kind` on grad * norm_coef[1], for every slice of the list
+  // (count <= kMaxTensorList), with the ElementwiseScalars in `scalars` (F32
+  // [kElementwiseScalarsSize]); nothing changes when norm_coef[2] != 0.
+  virtual void elementwise_optimizer(ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
+                                     const Tensor& scalars, const Tensor& norm_coef) = 0;
 };
 
 }  // namespace hone

@@ -62,5 +62,7 @@ void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& 
 void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWStep& s,
            const Tensor& norm_coef);
 void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef);
+void elementwise_optimizer(Backend& be, ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
+                           const Tensor& scalars, const Tensor& norm_coef);  // any count
 
 }  // namespace hone::ops

@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
   void clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& norm_coef, Tensor* scaler,
                         const LossScaling& ls) override;
   void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
+  void elementwise_optimizer(ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
+                             const Tensor& scalars, const Tensor& norm_coef) override;
 
   cudaStream_t stream() const { return stream_; }
   cublasLtHandle_t lt() const { return lt_; }

@@ -5,13 +5,14 @@
 #include <cmath>
 
 #include "cuda/cuda_backend.h"
-#include "cuda/half.h"
 #include "cuda/kernels.h"
+#include "cuda/param_copy.h"
 
 namespace hone {
 
 namespace {
 
+using cuda::HalfCopy;
 using cuda::Vec;
 
 // Blocks of sum_squares at most: one double partial each in the backend's reduction
@@ -100,9 +101,6 @@ __global__ void clip_coefficient_kernel(const float* sumsq, float max_norm, floa
   }
 }
 
-// The dtype of a slice's rounded copy of the parameters.
-enum class HalfCopy : uint8_t { None, BF16, F16 };
-
 struct AdamWList {
   float* param[kMaxTensorList];
   const float* grad[kMaxTensorList];
@@ -115,32 +113,6 @@ struct AdamWList {
   HalfCopy half_type[kMaxTensorList];
   bool vec[kMaxTensorList];  // 16-byte F32 access and 8-byte access to the half copy
 };
-
-HalfCopy half_copy(const Tensor& h) {
-  if (!h.data) return HalfCopy::None;
-  switch (h.dtype) {
-    case DType::BF16: return HalfCopy::BF16;
-    case DType::F16: return HalfCopy::F16;
-    default: fail("adamw on CUDA: the rounded copy of the parameters is {}, not BF16 or F16", dtype_name(h.dtype));
-  }
-}
-
-// Elements [i, i + 4) of the half copy, as store4 does for floats.
-template <typename H>
-__device__ __forceinline__ void store4_half(void* dst, int64_t i, int64_t n, bool vec, const Vec<4>& r) {
-  H* h = static_cast<H*>(dst) + i;
-  if (vec && i + 4 <= n) {
-    uint2 raw;
-    H* e = reinterpret_cast<H*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) e[k] = cuda::from_float<H>(r.v[k]);
-    *reinterpret_cast<uint2*>(h) = raw;
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    if (i + k < n) h[k] = cuda::from_float<H>(r.v[k]);
-}
 
 // The CPU's update, operation for operation. The _rn intrinsics forbid FMA contraction
 // and the default sqrtf and division are correctly rounded, so every element rounds
@@ -175,10 +147,7 @@ __global__ void adamw_kernel(AdamWList list, AdamWScalars by_value, const AdamWS
     cuda::store4(param, i, n, vec, p);
     cuda::store4(m, i, n, vec, mm);
     cuda::store4(v, i, n, vec, vv);
-    if (list.half_type[t] == HalfCopy::BF16)
-      store4_half<__nv_bfloat16>(list.half[t], i, n, vec, p);
-    else if (list.half_type[t] == HalfCopy::F16)
-      store4_half<__half>(list.half[t], i, n, vec, p);
+    cuda::store4_copy(list.half_type[t], list.half[t], i, n, vec, p);
   }
 }
 
@@ -224,7 +193,7 @@ void CudaBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s,
     list.decay[t] = x.weight_decay == 0 ? 1.0f : float(1.0 - s.lr * x.weight_decay);
     list.decay_from_step[t] = in_memory && x.weight_decay != 0;
     list.half[t] = x.half.data;
-    list.half_type[t] = half_copy(x.half);
+    list.half_type[t] = cuda::half_copy(x.half);
     list.vec[t] = cuda::aligned16(list.param[t]) && cuda::aligned16(list.grad[t]) && cuda::aligned16(list.m[t]) &&
                   cuda::aligned16(list.v[t]) && reinterpret_cast<uintptr_t>(list.half[t]) % 8 == 0;
     longest = std::max(longest, list.n[t]);

@@ -20,6 +20,9 @@ struct Registered {
 const Registered kOptimizers[] = {
     {"adamw_torch", optim::make_adamw},
     {"adamw_torch_fused", optim::make_adamw},
+    {"sgd", optim::make_sgd},
+    {"adagrad", optim::make_adagrad},
+    {"lion_32bit", optim::make_lion},
 };
 
 const Registered& find(const std::string& name) {

@@ -32,7 +32,11 @@ TEST_P(OptimizerGpuFixture, FollowsTheLibraryAndTheCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, OptimizerGpuFixture, ::testing::Values(GpuFixtureCase{"adamw_torch", 1e-6, 1e-7}),
+INSTANTIATE_TEST_SUITE_P(Cuda, OptimizerGpuFixture,
+                         ::testing::Values(GpuFixtureCase{"adamw_torch", 1e-6, 1e-7}, GpuFixtureCase{"sgd", 1e-6, 0},
+                                           GpuFixtureCase{"sgd_nesterov", 1e-6, 0},
+                                           GpuFixtureCase{"sgd_dampening", 1e-6, 0},
+                                           GpuFixtureCase{"adagrad", 1e-6, 0}, GpuFixtureCase{"lion_32bit", 1e-6, 0}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
