@@ -103,7 +103,8 @@ TEST_P(OptimizerFixture, FollowsTheLibraryTrainerBuilds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerFixture,
-                         ::testing::Values(FixtureCase{"adamw_torch", 1e-6}, FixtureCase{"sgd", 1e-6},
+                         ::testing::Values(FixtureCase{"adamw_torch", 1e-6}, FixtureCase{"adafactor", 1e-6},
+                                           FixtureCase{"sgd", 1e-6},
                                            FixtureCase{"sgd_nesterov", 1e-6}, FixtureCase{"sgd_dampening", 1e-6},
                                            FixtureCase{"adagrad", 1e-6}, FixtureCase{"lion_32bit", 1e-6}),
                          [](const auto& info) { return std::string(info.param.name); });

@@ -111,6 +111,30 @@ struct ElementwiseSlice {
   Tensor half;
 };
 
+// transformers' Adafactor as Trainer builds it (relative_step and scale_parameter off): what
+// one update of one parameter tensor reads from the backend's memory.
+struct AdafactorScalars {
+  float lr;
+  float beta2t;          // 1 - step^decay_rate
+  float eps1;            // eps[0], added to the squared gradient
+  float clip_threshold;  // of the update's RMS
+  float beta1;           // of the first moment, when there is one
+  float weight_decay;    // of decayed tensors: p -= p * weight_decay * lr
+};
+constexpr int kAdafactorScalarsSize = int(sizeof(AdafactorScalars) / sizeof(float));
+
+// One parameter tensor of an Adafactor update. A matrix (rows > 1 in BERT's rank-2
+// tensors) keeps the factored second moment row [rows] and col [cols]; a vector (rows
+// == 1) keeps v [cols]. m is the first moment (empty without beta1); half as AdamWSlice's.
+struct AdafactorTensor {
+  Tensor param, grad;  // F32 [rows * cols]
+  int64_t rows = 1, cols = 0;
+  bool factored = false;
+  Tensor row, col, v, m;
+  bool decay = false;
+  Tensor half;
+};
+
 // Dynamic loss scaling for fp16, as torch.amp.GradScaler: the scale grows by
 // growth_factor after growth_interval consecutive steps with finite gradients and is
 // multiplied by backoff_factor after a step whose gradients hold an inf or NaN (that step
@@ -307,6 +331,16 @@ class Backend {
   // [kElementwiseScalarsSize]); nothing changes when norm_coef[2] != 0.
   virtual void elementwise_optimizer(ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
                                      const Tensor& scalars, const Tensor& norm_coef) = 0;
+  // Adafactor's update of one tensor on grad * norm_coef[1], with the AdafactorScalars in
+  // `scalars` (F32 [kAdafactorScalarsSize]); nothing changes when norm_coef[2] != 0:
+  //   u = g^2 + eps1; factored: row = beta2t row + (1 - beta2t) mean over columns of u,
+  //   col likewise over rows, u = g / sqrt(row / mean(row)) / sqrt(col); else
+  //   v = beta2t v + (1 - beta2t) u, u = g / sqrt(v); u *= lr / max(1, rms(u) / clip);
+  //   with m: m = beta1 m + (1 - beta1) u, u = m; p -= p * weight_decay * lr; p -= u.
+  // workspace: F32 [adafactor_workspace_elems(rows, cols)], scratch for the reductions.
+  virtual void adafactor(const AdafactorTensor& t, const Tensor& scalars, const Tensor& norm_coef,
+                         Tensor& workspace) = 0;
+  virtual int64_t adafactor_workspace_elems(int64_t rows, int64_t cols) const = 0;
 };
 
 }  // namespace hone

@@ -64,6 +64,8 @@ class CpuBackend final : public Backend {
   void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
   void elementwise_optimizer(ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
                              const Tensor& scalars, const Tensor& norm_coef) override;
+  void adafactor(const AdafactorTensor& t, const Tensor& scalars, const Tensor& norm_coef, Tensor& workspace) override;
+  int64_t adafactor_workspace_elems(int64_t rows, int64_t cols) const override;
 };
 
 }  // namespace hone

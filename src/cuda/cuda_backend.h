@@ -100,6 +100,8 @@ class CudaBackend final : public Backend {
   void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
   void elementwise_optimizer(ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
                              const Tensor& scalars, const Tensor& norm_coef) override;
+  void adafactor(const AdafactorTensor& t, const Tensor& scalars, const Tensor& norm_coef, Tensor& workspace) override;
+  int64_t adafactor_workspace_elems(int64_t rows, int64_t cols) const override;
 
   cudaStream_t stream() const { return stream_; }
   cublasLtHandle_t lt() const { return lt_; }

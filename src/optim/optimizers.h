@@ -31,6 +31,7 @@ using Factory = std::unique_ptr<Optimizer> (*)(std::string_view name, const Trai
 std::unique_ptr<Optimizer> make_adamw(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 std::unique_ptr<Optimizer> make_sgd(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 std::unique_ptr<Optimizer> make_adagrad(std::string_view name, const TrainingArguments& a, ArgsReader& args);
+std::unique_ptr<Optimizer> make_adafactor(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 std::unique_ptr<Optimizer> make_lion(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 
 }  // namespace hone::optim

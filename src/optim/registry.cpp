@@ -20,6 +20,7 @@ struct Registered {
 const Registered kOptimizers[] = {
     {"adamw_torch", optim::make_adamw},
     {"adamw_torch_fused", optim::make_adamw},
+    {"adafactor", optim::make_adafactor},
     {"sgd", optim::make_sgd},
     {"adagrad", optim::make_adagrad},
     {"lion_32bit", optim::make_lion},
