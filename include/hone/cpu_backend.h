@@ -64,6 +64,8 @@ class CpuBackend final : public Backend {
   void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) override;
   void elementwise_optimizer(ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
                              const Tensor& scalars, const Tensor& norm_coef) override;
+  void optim_8bit(Optim8bitAlgo algo, const Optim8bitSlice* slices, int count, const Tensor& scalars,
+                  const Tensor& qmaps, const Tensor& norm_coef) override;
 };
 
 }  // namespace hone

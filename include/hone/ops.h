@@ -64,5 +64,7 @@ void adamw(Backend& be, Tensor& param, const Tensor& grad, Tensor& m, Tensor& v,
 void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef);
 void elementwise_optimizer(Backend& be, ElementwiseOptimizer kind, const ElementwiseSlice* slices, int count,
                            const Tensor& scalars, const Tensor& norm_coef);  // any count
+void optim_8bit(Backend& be, Optim8bitAlgo algo, const Optim8bitSlice* slices, int count, const Tensor& scalars,
+                const Tensor& qmaps, const Tensor& norm_coef);  // any count
 
 }  // namespace hone::ops
