@@ -1,5 +1,5 @@
 // bitsandbytes' blockwise 8-bit optimizers: the dynamic maps against bitsandbytes' own,
-// the quantizer and the blockwise absmax.
+// the quantizer, the blockwise absmax, and what their state costs in the memory plan.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +8,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
+#include "hone/trainer.h"
 #include "ops/optim_8bit_math.h"
 
 namespace hone {
@@ -100,6 +101,38 @@ TEST(Optim8bit, BlockwiseAbsmaxAndCodes) {
     EXPECT_EQ(std::signbit(got), std::signbit(m)) << i;
     const float sign = float((grad[size_t(i)] > 0) - (grad[size_t(i)] < 0));
     EXPECT_EQ(param[size_t(i)], 0.5f - 1e-2f * sign) << i;
+  }
+}
+
+// The state of a bert-base-like model: per tensor of 4096 elements or more, other than
+// the embeddings, one byte per element and state plus 4 bytes per 256 elements; the
+// other tensors 4 bytes per element and state; the maps; every buffer 256-byte aligned.
+TEST(Optim8bit, PlanHoldsBlockwiseState) {
+  const BertConfig c;  // bert-base
+  const ParamLayout layout(c);
+  int64_t codes = 0, blocks = 0, small = 0;
+  for (const ParamEntry& e : layout.entries()) {
+    const int64_t n = e.shape.numel();
+    if (n >= 4096 && !e.name.ends_with("_embeddings.weight")) {
+      codes += n;
+      blocks += (n + 255) / 256;
+    } else {
+      small += n;
+    }
+  }
+  auto aligned = [](int64_t bytes) { return size_t((bytes + 255) / 256 * 256); };
+  const size_t per_state = aligned((codes + 3) / 4 * 4) + aligned(4 * blocks) + aligned(4 * small);
+  CpuBackend be;
+  TrainingArguments a;
+  a.per_device_train_batch_size = 2;
+  for (const auto& [optim, states] : {std::pair{"adamw_8bit", 2}, std::pair{"adamw_bnb_8bit", 2},
+                                       std::pair{"lion_8bit", 1}}) {
+    a.optim = optim;
+    const MemoryPlan plan = TrainingRun::plan(a, c, 128, be);
+    const size_t bytes = plan.category_bytes[size_t(Category::OptimizerState)];
+    EXPECT_EQ(bytes, states * per_state + aligned(4 * 256 * states)) << optim;
+    // About one byte per quantized parameter and state.
+    EXPECT_LT(double(bytes), states * (1.05 * double(codes) + 4.0 * double(small))) << optim;
   }
 }
 
