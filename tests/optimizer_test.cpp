@@ -106,7 +106,10 @@ INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerFixture,
                          ::testing::Values(FixtureCase{"adamw_torch", 1e-6}, FixtureCase{"adafactor", 1e-6},
                                            FixtureCase{"sgd", 1e-6},
                                            FixtureCase{"sgd_nesterov", 1e-6}, FixtureCase{"sgd_dampening", 1e-6},
-                                           FixtureCase{"adagrad", 1e-6}, FixtureCase{"lion_32bit", 1e-6}),
+                                           FixtureCase{"adagrad", 1e-6}, FixtureCase{"lion_32bit", 1e-6},
+                                           // bitsandbytes' __powf: 3e-5 of AdamW's first steps
+                                           FixtureCase{"adamw_bnb_8bit", 5e-5}, FixtureCase{"adamw_8bit", 5e-5},
+                                           FixtureCase{"lion_8bit", 5e-7}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

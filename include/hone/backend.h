@@ -134,6 +134,32 @@ struct AdafactorTensor {
   bool decay = false;
   Tensor half;
 };
+// bitsandbytes' blockwise 8-bit optimizers (see optim_8bit): AdamW keeps two states, Lion one.
+enum class Optim8bitAlgo : uint8_t { AdamW, Lion };
+
+// One parameter tensor of an optim_8bit update (bitsandbytes quantizes each tensor on its
+// own, so blocks start at its first element). param and grad are F32 [n]; half as in
+// AdamWSlice. A quantized tensor keeps U8 codes [n] and F32 absmax [ceil(n / 256)] per
+// state; a 32-bit one (fewer than 4096 elements) F32 states [n] and no absmax. state2 and
+// absmax2: AdamW only.
+struct Optim8bitSlice {
+  Tensor param, grad, half;
+  bool decay = false;  // takes the step's weight decay
+  Tensor state1, state2, absmax1, absmax2;
+};
+
+// The per-update values bitsandbytes' kernels derive from their float arguments, computed
+// on the host (optim_8bit_scalars) and read from the backend's memory when the op runs.
+struct Optim8bitScalars {
+  float lr;
+  float step_size;  // AdamW: -lr * sqrt(1 - beta2^step) / (1 - beta1^step)
+  float eps_c2;     // AdamW: eps * sqrt(1 - beta2^step)
+  float b1, w1, b2, w2;  // beta1, 1 - beta1, beta2, 1 - beta2
+  float decay;      // 1 - lr * weight_decay
+};
+constexpr int kOptim8bitScalarsSize = int(sizeof(Optim8bitScalars) / sizeof(float));
+Optim8bitScalars optim_8bit_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                    int64_t step);
 
 // Dynamic loss scaling for fp16, as torch.amp.GradScaler: the scale grows by
 // growth_factor after growth_interval consecutive steps with finite gradients and is
@@ -341,6 +367,13 @@ class Backend {
   virtual void adafactor(const AdafactorTensor& t, const Tensor& scalars, const Tensor& norm_coef,
                          Tensor& workspace) = 0;
   virtual int64_t adafactor_workspace_elems(int64_t rows, int64_t cols) const = 0;
+  // bitsandbytes' AdamW or Lion with optim_bits=8 (blockwise, 256 elements a block) on
+  // grad * norm_coef[1], for every slice of the list (count <= kMaxTensorList); nothing
+  // changes when norm_coef[2] != 0. scalars: F32 [kOptim8bitScalarsSize]
+  // (Optim8bitScalars); qmaps: F32 [256] per state, the signed dynamic map then (AdamW)
+  // the unsigned one.
+  virtual void optim_8bit(Optim8bitAlgo algo, const Optim8bitSlice* slices, int count, const Tensor& scalars,
+                          const Tensor& qmaps, const Tensor& norm_coef) = 0;
 };
 
 }  // namespace hone

@@ -66,6 +66,8 @@ class CpuBackend final : public Backend {
                              const Tensor& scalars, const Tensor& norm_coef) override;
   void adafactor(const AdafactorTensor& t, const Tensor& scalars, const Tensor& norm_coef, Tensor& workspace) override;
   int64_t adafactor_workspace_elems(int64_t rows, int64_t cols) const override;
+  void optim_8bit(Optim8bitAlgo algo, const Optim8bitSlice* slices, int count, const Tensor& scalars,
+                  const Tensor& qmaps, const Tensor& norm_coef) override;
 };
 
 }  // namespace hone

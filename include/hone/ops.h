@@ -66,5 +66,7 @@ void elementwise_optimizer(Backend& be, ElementwiseOptimizer kind, const Element
                            const Tensor& scalars, const Tensor& norm_coef);  // any count
 void adafactor(Backend& be, const AdafactorTensor& t, const Tensor& scalars, const Tensor& norm_coef,
                Tensor& workspace);
+void optim_8bit(Backend& be, Optim8bitAlgo algo, const Optim8bitSlice* slices, int count, const Tensor& scalars,
+                const Tensor& qmaps, const Tensor& norm_coef);  // any count
 
 }  // namespace hone::ops

@@ -33,5 +33,7 @@ std::unique_ptr<Optimizer> make_sgd(std::string_view name, const TrainingArgumen
 std::unique_ptr<Optimizer> make_adagrad(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 std::unique_ptr<Optimizer> make_adafactor(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 std::unique_ptr<Optimizer> make_lion(std::string_view name, const TrainingArguments& a, ArgsReader& args);
+std::unique_ptr<Optimizer> make_adamw_8bit(std::string_view name, const TrainingArguments& a, ArgsReader& args);
+std::unique_ptr<Optimizer> make_lion_8bit(std::string_view name, const TrainingArguments& a, ArgsReader& args);
 
 }  // namespace hone::optim

@@ -24,6 +24,9 @@ const Registered kOptimizers[] = {
     {"sgd", optim::make_sgd},
     {"adagrad", optim::make_adagrad},
     {"lion_32bit", optim::make_lion},
+    {"adamw_bnb_8bit", optim::make_adamw_8bit},
+    {"adamw_8bit", optim::make_adamw_8bit},  // Trainer builds the same optimizer for both names
+    {"lion_8bit", optim::make_lion_8bit},
 };
 
 const Registered& find(const std::string& name) {
