@@ -109,7 +109,9 @@ INSTANTIATE_TEST_SUITE_P(Cpu, OptimizerFixture,
                                            FixtureCase{"adagrad", 1e-6}, FixtureCase{"lion_32bit", 1e-6},
                                            // bitsandbytes' __powf: 3e-5 of AdamW's first steps
                                            FixtureCase{"adamw_bnb_8bit", 5e-5}, FixtureCase{"adamw_8bit", 5e-5},
-                                           FixtureCase{"lion_8bit", 5e-7}),
+                                           FixtureCase{"lion_8bit", 5e-7},
+                                           FixtureCase{"adamw_8bit_blockwise", 5e-5},
+                                           FixtureCase{"lion_8bit_blockwise", 5e-7}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

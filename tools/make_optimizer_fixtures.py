@@ -4,8 +4,10 @@
     python3 tools/make_optimizer_fixtures.py tests/fixtures/optim [CASE ...]
 
 For each case it builds a small BertForSequenceClassification (its word embeddings have
-4800 elements, past bitsandbytes' 4096-element threshold for 8-bit state; the other
-tensors stay below it), lets transformers.Trainer create the optimizer and the schedule
+4800 elements, past bitsandbytes' 4096-element threshold for 8-bit state, but Trainer keeps
+embeddings in 32-bit; the other tensors stay below it, except in the *_blockwise cases,
+whose feed-forward matrices have 4800 elements each and so take bitsandbytes' 8-bit path
+across more than one 256-element block), lets transformers.Trainer create the optimizer and the schedule
 for TrainingArguments(optim=..., optim_args=...), and applies STEPS updates as Trainer
 does: seeded gradients (scaled so that clipping engages), clip_grad_norm_, the
 optimizer's step, the scheduler's step. torch and transformers optimizers run in
@@ -33,7 +35,7 @@ ARGS = dict(learning_rate=1e-2, weight_decay=0.1, warmup_steps=0, max_grad_norm=
 CONFIG = dict(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=40,
               max_position_embeddings=24, type_vocab_size=2, num_labels=3)
 
-# name: (optim, optim_args, device)
+# name: (optim, optim_args, device[, CONFIG overrides])
 CASES = {
     "adamw_torch": ("adamw_torch", "", "cpu"),
     "adafactor": ("adafactor", "", "cpu"),
@@ -45,12 +47,14 @@ CASES = {
     "lion_8bit": ("lion_8bit", "", "cuda"),
     "adamw_bnb_8bit": ("adamw_bnb_8bit", "", "cuda"),
     "adamw_8bit": ("adamw_8bit", "", "cuda"),
+    "adamw_8bit_blockwise": ("adamw_8bit", "", "cuda", dict(intermediate_size=300)),
+    "lion_8bit_blockwise": ("lion_8bit", "", "cuda", dict(intermediate_size=300)),
 }
 
 
-def run_case(out_dir, name, optim, optim_args, device):
+def run_case(out_dir, name, optim, optim_args, device, config=None):
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(**CONFIG))
+    model = BertForSequenceClassification(BertConfig(**{**CONFIG, **(config or {})}))
     dtype = torch.float64 if device == "cpu" else torch.float32
     model.to(device=device, dtype=dtype)
     args = dict(ARGS, optim=optim, optim_args=optim_args or None)

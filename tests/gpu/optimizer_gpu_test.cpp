@@ -45,13 +45,15 @@ INSTANTIATE_TEST_SUITE_P(Cuda, OptimizerGpuFixture,
                                            GpuFixtureCase{"sgd_dampening", 1e-6, 0},
                                            GpuFixtureCase{"adagrad", 1e-6, 0}, GpuFixtureCase{"lion_32bit", 1e-6, 0},
                                            GpuFixtureCase{"adamw_bnb_8bit", 5e-5, 0},
-                                           GpuFixtureCase{"adamw_8bit", 5e-5, 0}, GpuFixtureCase{"lion_8bit", 5e-7, 0}),
+                                           GpuFixtureCase{"adamw_8bit", 5e-5, 0}, GpuFixtureCase{"lion_8bit", 5e-7, 0},
+                                           GpuFixtureCase{"adamw_8bit_blockwise", 5e-5, 0},
+                                           GpuFixtureCase{"lion_8bit_blockwise", 5e-7, 0}),
                          [](const auto& info) { return std::string(info.param.name); });
 
-// The quantized path of the 8-bit optimizers, which the fixtures' model does not reach
-// (its one large tensor is an embedding, which keeps 32-bit state): with a wider FFN two
-// matrices are quantized (4800 elements: the last block partial), on the GPU as on the
-// CPU, bit for bit.
+// The quantized path of the 8-bit optimizers on the GPU as on the CPU, bit for bit, on
+// random parameters and gradients (the *_blockwise fixtures check it against bitsandbytes
+// within rounding): with a wider FFN two matrices are quantized (4800 elements: the last
+// block partial).
 TEST(Optimizer8bitGpu, QuantizedTensorsMatchTheCpu) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
