@@ -45,6 +45,21 @@ TEST(Cli, TrainsAndWritesWhatTrainerWrites) {
   nlohmann::json j = nlohmann::json::parse(results);
   EXPECT_EQ(j["epoch"], 1.0);
   EXPECT_GT(j["train_samples_per_second"].get<double>(), 0);
+  // Where the process's time went: phases in order, each mark at or after the one before,
+  // training at least its train_runtime.
+  const nlohmann::ordered_json t =
+      nlohmann::ordered_json::parse(std::ifstream(out + "/train_results.json"))["process_seconds"];
+  std::vector<std::string> phases;
+  double before = 0;
+  for (const auto& [phase, at] : t.items()) {
+    phases.push_back(phase);
+    EXPECT_GE(at.get<double>(), before) << phase;
+    before = at.get<double>();
+  }
+  EXPECT_EQ(phases, (std::vector<std::string>{"inputs", "backend", "memory_plan", "weights_load", "weights_upload",
+                                              "train", "save"}));
+  EXPECT_GE(t["train"].get<double>() - t["weights_upload"].get<double>(), j["train_runtime"].get<double>() - 1e-3);
+  EXPECT_TRUE(has(r.out, "process: inputs ")) << r.out;
   std::ifstream log(out + "/trainer_log.jsonl");
   int lines = 0;
   for (std::string line; std::getline(log, line); ++lines) EXPECT_TRUE(nlohmann::json::parse(line).contains("loss"));

@@ -15,6 +15,7 @@
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/setup.h"
+#include "cli/timeline.h"
 #include "hone/cuda.h"
 #include "hone/fit.h"
 #include "hone/gpu_info.h"
@@ -119,20 +120,24 @@ int fitted_batch(const TrainingArguments& a, const BertConfig& cfg, int seq, Bac
 }
 
 int train_command(const TrainingArguments& requested) {
+  Timeline timeline;
   TrainingArguments a = requested;  // the batch may change to fit
   const bool want_gpu = a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
   std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(0) : std::nullopt;
   if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
   RunInputs in = prepare_inputs(a, true, evaluates, false);
+  timeline.mark("inputs");
   const BertConfig& cfg = in.model.config;
   std::unique_ptr<Backend> backend = make_backend(a);
   Backend& be = *backend;
+  timeline.mark(be.device() == Device::CUDA ? "cuda_context" : "backend");
   std::optional<GpuMemory> after_context = print_gpu_memory(be, "after the CUDA context and libraries");
 
   const RunPhases phases{true, in.eval ? a.per_device_eval_batch_size : 0};
   a.per_device_train_batch_size = fitted_batch(a, cfg, in.seq_len, be, phases);
   TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a), phases);
+  timeline.mark("memory_plan");
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", in.model.name, describe(cfg, layout.count()));
   std::vector<float> host(static_cast<size_t>(layout.count()));  // staging for init, load and save
@@ -155,7 +160,9 @@ int train_command(const TrainingArguments& requested) {
       fmt::print("notice: newly initialised, not in {}: {}\n", in.model.weights_path, list(r.initialized));
     if (!r.unused.empty()) fmt::print("notice: unused tensors of {}: {}\n", in.model.weights_path, list(r.unused));
   }
+  timeline.mark(in.model.weights_path.empty() ? "weights_init" : "weights_load");
   run.write_weights(host.data());
+  timeline.mark("weights_upload");
   std::optional<GpuMemory> after_setup = print_gpu_memory(be, "after the model and every planned buffer");
   const StepCounts sc = count_steps(a, in.train->size());
   const std::string where = be.device() == Device::CUDA
@@ -210,6 +217,7 @@ int train_command(const TrainingArguments& requested) {
   TrainerState state;
   TrainMetrics m = train(run, a, TrainData{*in.train, in.eval.get()}, files, cb, &state);
   bar.finish();
+  timeline.mark("train");
   std::optional<GpuMemory> after_train = print_gpu_memory(be, "after training");
 
   nlohmann::ordered_json metrics = m.to_json();
@@ -261,6 +269,13 @@ int train_command(const TrainingArguments& requested) {
     fmt::print("model FLOPs: {:.3g} TFLOP in {:.1f} s = {:.3g} TFLOP/s (counted as bert.h's training_flops says); {}\n",
                m.model_flops / 1e12, m.train_runtime, achieved / 1e12, mfu);
   }
+  // As run_classification.py: the model is saved before the metrics.
+  run.read_weights(host.data());
+  save_pretrained(a.output_dir, cfg, layout, host.data());
+  if (in.tokenizer) in.tokenizer->save(a.output_dir);
+  timeline.mark("save");
+  metrics["process_seconds"] = timeline.to_json();
+  fmt::print("process: {}\n", timeline.summary());
   const fs::path out(a.output_dir);
   write_file_atomic((out / "train_results.json").string(), metrics.dump(4) + "\n");
   nlohmann::ordered_json all = metrics;
@@ -280,9 +295,6 @@ int train_command(const TrainingArguments& requested) {
   write_file_atomic((out / "all_results.json").string(), all.dump(4) + "\n");
   write_file_atomic((out / "trainer_state.json").string(), state.to_json(a, sc).dump(2) + "\n");
   write_file_atomic((out / "training_args.json").string(), to_json(a).dump(2) + "\n");
-  run.read_weights(host.data());
-  save_pretrained(a.output_dir, cfg, layout, host.data());
-  if (in.tokenizer) in.tokenizer->save(a.output_dir);
   fmt::print("saved the model ({}config.json, model.safetensors), train_results.json and trainer_log.jsonl to {}\n",
              in.tokenizer ? "tokenizer files, " : "", a.output_dir);
 
