@@ -66,7 +66,9 @@ TEST(Fit, ConfigurationsFitKeepSamplesPerUpdateAndComeFastestFirst) {
     EXPECT_LE(f.plan_bytes, budget) << f.methods();
     EXPECT_EQ(f.plan_bytes, plan_bytes(f.args, be)) << f.methods();
     EXPECT_EQ(f.args.per_device_train_batch_size * f.args.gradient_accumulation_steps, 16) << f.methods();
-    if (i > 0) EXPECT_GE(f.relative_time, fits[i - 1].relative_time);
+    if (i > 0) {
+      EXPECT_GE(f.relative_time, fits[i - 1].relative_time);
+    }
     checkpointing |= f.args.gradient_checkpointing;
     bf16 |= f.args.bf16;
   }

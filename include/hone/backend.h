@@ -244,6 +244,9 @@ class Backend {
   virtual void synchronize() {}
 
   virtual void fill(Tensor& x, float value) = 0;  // F32, BF16 or F16 (value rounded to nearest even)
+  // F32: elements 2k and 2k + 1 = normal_pair(seed, stream, k, std) (hone/normal.h), the
+  // same bits on every backend.
+  virtual void fill_normal(Tensor& x, float std, uint64_t seed, uint64_t stream) = 0;
   virtual void copy(const Tensor& src, Tensor& dst) = 0;  // bytewise, src.bytes() == dst.bytes()
   // The first n values of an F32, BF16 or F16 tensor to host floats.
   virtual void read(const Tensor& src, float* host, size_t n) = 0;

@@ -7,6 +7,7 @@
 namespace hone::ops {
 
 void fill(Backend& be, Tensor& x, float value);
+void fill_normal(Backend& be, Tensor& x, float std, uint64_t seed, uint64_t stream);
 void copy(Backend& be, const Tensor& src, Tensor& dst);
 void add_scaled(Backend& be, const Tensor& x, float alpha, Tensor& y);
 void cast(Backend& be, const Tensor& src, Tensor& dst);

@@ -69,7 +69,7 @@ class TrainingRun {
  public:
   // Plans the run (a dry run of setup, one micro-step and one optimizer step at the
   // largest batch and longest sequence, and one inference batch) and allocates its
-  // arenas. Weights are uninitialised until write_weights().
+  // arenas. Weights are uninitialised until init_weights() or write_weights().
   TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
               GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
   ~TrainingRun();
@@ -87,6 +87,9 @@ class TrainingRun {
   // Copies between the flat parameter buffers and host memory of layout().count() floats.
   void write_weights(const float* host);
   void read_weights(float* host);
+  // Random weights as init_weights (hone/weights.h) writes them on the host, bit for bit,
+  // drawn on the backend's device: nothing to draw on one core or to copy.
+  void init_weights(uint64_t seed);
   void read_grads(float* host);  // the gradients of the loss (unscaled under fp16)
   // The optimizer (--optim); its state lives in this run's memory.
   const Optimizer& optimizer() const;

@@ -16,6 +16,18 @@ namespace hone {
 void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights, uint64_t seed,
                   const std::vector<std::string>& only = {});
 
+// How init_weights sets entry `index` of a layout, so that a backend can do the same on its
+// device (TrainingRun::init_weights): every element `value`, or (normal) pair k of
+// normal_pair(seed, stream, k, value) (hone/normal.h) in elements 2k and 2k + 1; then
+// elements [zero_begin, zero_end) of the entry zeroed (the padding row).
+struct ParamInit {
+  bool normal = false;
+  float value = 0.0f;  // the constant, or the normal's standard deviation
+  uint64_t stream = 0;
+  int64_t zero_begin = 0, zero_end = 0;
+};
+ParamInit param_init(const BertConfig& c, const ParamEntry& e, size_t index);
+
 struct LoadReport {
   std::vector<std::string> initialized;  // newly initialised: the task head the file lacked, and `mismatched`
   std::vector<std::string> unused;       // tensors in the file that the model does not use

@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 
 #include "cli/commands.h"
@@ -140,14 +141,18 @@ int train_command(const TrainingArguments& requested) {
   timeline.mark("memory_plan");
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", in.model.name, describe(cfg, layout.count()));
-  std::vector<float> host(static_cast<size_t>(layout.count()));  // staging for init, load and save
+  // Staging for loading and saving, allocated when needed: its 4 bytes a parameter cost
+  // time to touch.
+  std::unique_ptr<float[]> host;
   if (in.model.weights_path.empty()) {
-    init_weights(cfg, layout, host.data(), a.seed);
+    run.init_weights(a.seed);
+    timeline.mark("weights_init");
     fmt::print("notice: {} is a built-in configuration: its weights are random (seed {}), since hone downloads "
                "nothing. Pass a directory with config.json and model.safetensors for pretrained weights.\n",
                in.model.name, a.seed);
   } else {
-    LoadReport r = load_weights(in.model.weights_path, cfg, layout, host.data(), a.seed, a.ignore_mismatched_sizes);
+    host = std::make_unique_for_overwrite<float[]>(size_t(layout.count()));
+    LoadReport r = load_weights(in.model.weights_path, cfg, layout, host.get(), a.seed, a.ignore_mismatched_sizes);
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
       for (const auto& x : v) s += (s.empty() ? "'" : ", '") + x + "'";
@@ -159,10 +164,10 @@ int train_command(const TrainingArguments& requested) {
     if (r.initialized.size() > r.mismatched.size())
       fmt::print("notice: newly initialised, not in {}: {}\n", in.model.weights_path, list(r.initialized));
     if (!r.unused.empty()) fmt::print("notice: unused tensors of {}: {}\n", in.model.weights_path, list(r.unused));
+    timeline.mark("weights_load");
+    run.write_weights(host.get());
+    timeline.mark("weights_upload");
   }
-  timeline.mark(in.model.weights_path.empty() ? "weights_init" : "weights_load");
-  run.write_weights(host.data());
-  timeline.mark("weights_upload");
   std::optional<GpuMemory> after_setup = print_gpu_memory(be, "after the model and every planned buffer");
   const StepCounts sc = count_steps(a, in.train->size());
   const std::string where = be.device() == Device::CUDA
@@ -270,8 +275,9 @@ int train_command(const TrainingArguments& requested) {
                m.model_flops / 1e12, m.train_runtime, achieved / 1e12, mfu);
   }
   // As run_classification.py: the model is saved before the metrics.
-  run.read_weights(host.data());
-  save_pretrained(a.output_dir, cfg, layout, host.data());
+  if (!host) host = std::make_unique_for_overwrite<float[]>(size_t(layout.count()));
+  run.read_weights(host.get());
+  save_pretrained(a.output_dir, cfg, layout, host.get());
   if (in.tokenizer) in.tokenizer->save(a.output_dir);
   timeline.mark("save");
   metrics["process_seconds"] = timeline.to_json();

@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   void fill(Tensor& x, float value) override;
+  void fill_normal(Tensor& x, float std, uint64_t seed, uint64_t stream) override;
   void copy(const Tensor& src, Tensor& dst) override;
   void read(const Tensor& src, float* host, size_t n) override;
   void cast(const Tensor& src, Tensor& dst) override;

@@ -1,7 +1,8 @@
-// fill, cast and add_scaled (copy and read are plain cudaMemcpyAsync, in cuda_backend.cpp).
+// fill, fill_normal, cast and add_scaled (copy and read are plain cudaMemcpyAsync, in cuda_backend.cpp).
 #include "cuda/cuda_backend.h"
 #include "cuda/half.h"
 #include "cuda/kernels.h"
+#include "hone/normal.h"
 
 namespace hone {
 
@@ -24,6 +25,15 @@ __global__ void fill_kernel(T* x, int64_t n, bool vec, float value) {
     } else {
       for (int64_t j = i; j < n && j < i + V; ++j) x[j] = cuda::from_float<T>(value);
     }
+  }
+}
+
+// Pair k of normal_pair into x[2k], x[2k + 1] (the second dropped past n).
+__global__ void fill_normal_kernel(float* x, int64_t n, float std, uint64_t seed, uint64_t rng_stream) {
+  for (int64_t k = cuda::grid_start(); k < (n + 1) / 2; k += cuda::grid_stride()) {
+    const NormalPair v = normal_pair(seed, rng_stream, uint64_t(k), std);
+    x[2 * k] = v.a;
+    if (2 * k + 1 < n) x[2 * k + 1] = v.b;
   }
 }
 
@@ -74,6 +84,14 @@ void CudaBackend::fill(Tensor& x, float value) {
     fill_kernel<<<cuda::blocks_for(groups), cuda::kThreads, 0, stream()>>>(p, n, cuda::aligned16(p), value);
     HONE_CUDA_LAUNCH_CHECK();
   });
+}
+
+void CudaBackend::fill_normal(Tensor& x, float std, uint64_t seed, uint64_t rng_stream) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  fill_normal_kernel<<<cuda::blocks_for((n + 1) / 2), cuda::kThreads, 0, stream()>>>(x.f32(), n, std, seed,
+                                                                                      rng_stream);
+  HONE_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {

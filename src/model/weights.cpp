@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <set>
 
-#include "hone/philox.h"
+#include "hone/normal.h"
 #include "hone/safetensors.h"
 
 namespace hone {
@@ -22,28 +22,20 @@ constexpr uint64_t kInitStream = uint64_t(1) << 63;
 void init_entry(const BertConfig& c, const ParamEntry& e, size_t index, float* w, uint64_t seed) {
   const int64_t n = e.shape.numel();
   float* p = w + e.offset;
-  if (e.name.find("LayerNorm") != std::string::npos) {
-    std::fill(p, p + n, ends_with(e.name, ".weight") ? 1.0f : 0.0f);
+  const ParamInit init = param_init(c, e, index);
+  if (!init.normal) {
+    std::fill(p, p + n, init.value);
     return;
   }
-  if (ends_with(e.name, ".bias")) {
-    std::fill(p, p + n, 0.0f);
-    return;
-  }
-  // Box-Muller on Philox uniforms: block k gives elements 2k and 2k + 1, whichever thread
-  // draws it (bert-large's 335M draws take seconds on one core).
-  const float std = c.initializer_range;
+  // Pair k is elements 2k and 2k + 1, whichever thread draws it (bert-large's 335M draws
+  // take seconds on one core).
 #pragma omp parallel for schedule(static)
   for (int64_t k = 0; k < (n + 1) / 2; ++k) {
-    Philox4 r = philox_block(seed, kInitStream | index, uint64_t(k));
-    float u1 = (float(r.v[0] >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]: log is finite
-    float u2 = uniform_from_word(r.v[1]);
-    float radius = std * std::sqrt(-2.0f * std::log(u1));
-    p[2 * k] = radius * std::cos(6.2831853f * u2);
-    if (2 * k + 1 < n) p[2 * k + 1] = radius * std::sin(6.2831853f * u2);
+    const NormalPair v = normal_pair(seed, init.stream, uint64_t(k), init.value);
+    p[2 * k] = v.a;
+    if (2 * k + 1 < n) p[2 * k + 1] = v.b;
   }
-  if (e.name == "bert.embeddings.word_embeddings.weight" && c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size)
-    std::fill(p + int64_t(c.pad_token_id) * c.hidden_size, p + int64_t(c.pad_token_id + 1) * c.hidden_size, 0.0f);
+  std::fill(p + init.zero_begin, p + init.zero_end, 0.0f);
 }
 
 // What transformers initialises anew when it loads an encoder for sequence
@@ -72,6 +64,23 @@ std::string canonical_name(const std::string& file_name, const ParamLayout& layo
 }
 
 }  // namespace
+
+ParamInit param_init(const BertConfig& c, const ParamEntry& e, size_t index) {
+  ParamInit init;
+  if (e.name.find("LayerNorm") != std::string::npos) {
+    init.value = ends_with(e.name, ".weight") ? 1.0f : 0.0f;
+    return init;
+  }
+  if (ends_with(e.name, ".bias")) return init;
+  init.normal = true;
+  init.value = c.initializer_range;
+  init.stream = kInitStream | index;
+  if (e.name == "bert.embeddings.word_embeddings.weight" && c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size) {
+    init.zero_begin = int64_t(c.pad_token_id) * c.hidden_size;
+    init.zero_end = init.zero_begin + c.hidden_size;
+  }
+  return init;
+}
 
 void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights, uint64_t seed,
                   const std::vector<std::string>& only) {

@@ -1,4 +1,4 @@
-// fill, copy, read.
+// fill, fill_normal, copy, read.
 #include <cblas.h>
 
 #include <cstdlib>
@@ -6,6 +6,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/memory.h"
+#include "hone/normal.h"
 #include "hone/ops.h"
 #include "ops/op_util.h"
 
@@ -17,6 +18,12 @@ void fill(Backend& be, Tensor& x, float value) {
   detail::expect_compute(be, "fill", "x", x);
   if (be.dry_run) return;
   be.fill(x, value);
+}
+
+void fill_normal(Backend& be, Tensor& x, float std, uint64_t seed, uint64_t stream) {
+  detail::expect_dtype("fill_normal", "x", x, DType::F32);
+  if (be.dry_run) return;
+  be.fill_normal(x, std, seed, stream);
 }
 
 void copy(Backend& be, const Tensor& src, Tensor& dst) {
@@ -80,6 +87,17 @@ void CpuBackend::fill(Tensor& x, float value) {
   const int64_t n = x.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+void CpuBackend::fill_normal(Tensor& x, float std, uint64_t seed, uint64_t stream) {
+  float* p = x.f32();
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < (n + 1) / 2; ++k) {
+    const NormalPair v = normal_pair(seed, stream, uint64_t(k), std);
+    p[2 * k] = v.a;
+    if (2 * k + 1 < n) p[2 * k + 1] = v.b;
+  }
 }
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {

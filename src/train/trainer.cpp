@@ -4,6 +4,7 @@
 
 #include "hone/ops.h"
 #include "hone/schedule.h"
+#include "hone/weights.h"
 
 namespace hone {
 
@@ -196,6 +197,28 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
 
 void TrainingRun::write_weights(const float* host) {
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
+  if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  be_.synchronize();
+}
+
+void TrainingRun::init_weights(uint64_t seed) {
+  const ParamLayout& layout = model_->layout();
+  for (size_t i = 0; i < layout.entries().size(); ++i) {
+    const ParamEntry& e = layout.entries()[i];
+    Tensor t = model_->param(model_->weights(), e);
+    const ParamInit init = param_init(model_->config(), e, i);
+    if (!init.normal) {
+      ops::fill(be_, t, init.value);
+      continue;
+    }
+    ops::fill_normal(be_, t, init.value, seed, init.stream);
+    if (init.zero_end > init.zero_begin) {
+      Tensor pad = t;
+      pad.data = t.f32() + init.zero_begin;
+      pad.shape = Shape{init.zero_end - init.zero_begin};
+      ops::fill(be_, pad, 0.0f);
+    }
+  }
   if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
   be_.synchronize();
 }

@@ -1,0 +1,47 @@
+// Random weights drawn on the GPU (TrainingRun::init_weights) are the host's, bit for bit,
+// and under mixed precision the half-precision copy is those weights rounded.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "hone/cuda.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+
+namespace hone {
+namespace {
+
+TEST(CudaInit, DrawsTheHostsWeights) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (bool bf16 : {false, true}) {
+    auto be = make_cuda_backend({});
+    BertConfig c = *builtin_config("bert-mini");
+    c.pad_token_id = 5;
+    TrainingArguments a;
+    a.per_device_train_batch_size = 2;
+    a.bf16 = bf16;
+    TrainingRun run(a, c, 32, *be);
+    const ParamLayout& layout = run.model().layout();
+    std::vector<float> want(size_t(layout.count())), got(want.size());
+    init_weights(c, layout, want.data(), 1234);
+    run.init_weights(1234);
+    run.read_weights(got.data());
+    ASSERT_EQ(got, want) << (bf16 ? "bf16" : "fp32");
+    if (!bf16) continue;
+    // The bf16 copy the model reads: each weight rounded to nearest even.
+    const Tensor& half = run.model().compute_weights();
+    std::vector<uint16_t> bits(size_t(half.numel()));
+    run.copy_to_host(half, bits.data());
+    for (size_t i = 0; i < bits.size(); i += 997) {
+      uint32_t u;
+      std::memcpy(&u, &want[i], 4);
+      const uint16_t rounded = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+      ASSERT_EQ(bits[i], rounded) << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hone
