@@ -14,7 +14,7 @@ declare -A runs=(
   [adamw_torch]="--optim adamw_torch"
   [adafactor]="--optim adafactor"
   [adamw_bnb_8bit]="--optim adamw_bnb_8bit"
-  [lion_8bit]="--optim lion_8bit --learning_rate 3e-5"
+  [lion_8bit]="--optim lion_8bit --learning_rate 1e-4"
   [checkpointing]="--optim adamw_torch --gradient_checkpointing"
   [checkpointing_selective]="--optim adamw_torch --gradient_checkpointing --gradient_checkpointing_policy selective"
 )
