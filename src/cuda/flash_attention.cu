@@ -88,6 +88,7 @@ struct TypeTag {
 template <typename Fn>
 void dispatch(DType t, int head_dim, Fn&& fn) {
   const auto with_dim = [&](auto type) {
+    if (head_dim == 16) return fn(type, std::integral_constant<int, 16>{});
     if (head_dim == 32) return fn(type, std::integral_constant<int, 32>{});
     if (head_dim == 64) return fn(type, std::integral_constant<int, 64>{});
     return fn(type, std::integral_constant<int, 128>{});
@@ -109,7 +110,7 @@ int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, con
   if (qkv.dtype != DType::BF16 && qkv.dtype != DType::F16)
     fail("flash attention runs in BF16 or F16, not {}", dtype_name(qkv.dtype));
   if (!flash_supports_head_dim(d.head_dim))
-    fail("bf16/fp16 attention needs a head size of 32, 64 or 128; this model's is {} (run it in fp32, or with "
+    fail("bf16/fp16 attention needs a head size of 16, 32, 64 or 128; this model's is {} (run it in fp32, or with "
          "HONE_ATTENTION=cudnn)",
          d.head_dim);
   if (d.batch < 1 || d.seq < 1 || d.heads < 1)
@@ -135,7 +136,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 }  // namespace
 
-bool flash_supports_head_dim(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+bool flash_supports_head_dim(int head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
 
 FlashScratch flash_scratch(const AttentionDims& d) {
   const auto aligned = [](int64_t floats) { return (floats + 63) / 64 * 64; };  // 256-byte regions

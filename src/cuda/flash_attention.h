@@ -2,7 +2,8 @@
 // hone's own flash attention for BF16 / F16 (flash_attention.cu), compiled ahead of time:
 // FlashAttention-2's tiling on mma.sync tensor cores, no [S, S] matrix anywhere, the
 // semantics of src/ops/attention.cpp (any 0/1 mask, -FLT_MAX on masked keys, dropout with
-// hone's Philox stream, so the CPU reference reproduces its masks). Head sizes 32, 64, 128.
+// hone's Philox stream, so the CPU reference reproduces its masks). Head sizes 16, 32, 64
+// and 128.
 //
 // stats [B, heads, S, 2] keeps, per query row, {max, 1 / sum}: the maximum of its masked
 // scores in base-2 units (scale * q.k * log2 e) and the reciprocal of the sum of exp2(x -

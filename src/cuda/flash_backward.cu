@@ -20,7 +20,7 @@ struct BackwardShape {
   static constexpr int kLd = D + 8;                 // shared row stride of K, V, Q, dO
   static constexpr int kLdS = kRows + 8;            // shared row stride of dS^T
   static constexpr size_t kSmemBytes =
-      size_t(2 * kKeys + 4 * kRows) * kLd * 2 + size_t(kKeys) * kLdS * 2 + 2 * 3 * kRows * sizeof(float);
+      size_t(2 * kKeys + 4 * kRows) * kLd * 2 + size_t(kKeys) * kLdS * 2 + 2 * kRows * (sizeof(float2) + sizeof(float));
 };
 
 template <typename T, int D>
@@ -33,7 +33,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   T* sQ = sV + Bc * LD;                 // [2][Br][LD]
   T* sO = sQ + 2 * Br * LD;             // [2][Br][LD]: dO
   T* sDS = sO + 2 * Br * LD;            // [Bc][LDS]: dS^T, keys by queries
-  float* sRow = reinterpret_cast<float*>(sDS + Bc * LDS);  // [2][3][Br]: max, 1 / sum, D of each query
+  float2* sStats = reinterpret_cast<float2*>(sDS + Bc * LDS);  // [2][Br]: {max, 1 / sum} of each query
+  float* sDot = reinterpret_cast<float*>(sStats + 2 * Br);      // [2][Br]: D of each query
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int S = a.seq, H = a.heads * D;
@@ -61,12 +62,11 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
     load_rows_async<T, D>(sQ + buf * Br * LD, LD, q_src, ld, tile * Br, Br, S);
     load_rows_async<T, D>(sO + buf * Br * LD, LD, do_src, H, tile * Br, Br, S);
     cp_async_commit();
-    float* row = sRow + buf * 3 * Br;
     for (int i = threadIdx.x; i < Br; i += kThreads) {
       const int q = tile * Br + i;
       const bool valid = q < S;  // a query past the sequence gets P = 0 (max = +inf) and D = 0
-      const float2 st = valid ? a.stats[int64_t(bh) * S + q] : make_float2(INFINITY, 0.0f);
-      row[i] = st.x, row[Br + i] = st.y, row[2 * Br + i] = valid ? a.row_dot[int64_t(bh) * S + q] : 0.0f;
+      sStats[buf * Br + i] = valid ? a.stats[int64_t(bh) * S + q] : make_float2(INFINITY, 0.0f);
+      sDot[buf * Br + i] = valid ? a.row_dot[int64_t(bh) * S + q] : 0.0f;
     }
   };
   load_rows_async<T, D>(sK, LD, q_src + H, ld, key0, Bc, S);
@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
     if (tile + 1 < q_tiles) load_queries(tile + 1);
     const T* q_s = sQ + (tile & 1) * Br * LD;
     const T* o_s = sO + (tile & 1) * Br * LD;
-    const float* row = sRow + (tile & 1) * 3 * Br;
+    const float2* stats = sStats + (tile & 1) * Br;
+    const float* dots = sDot + (tile & 1) * Br;
 
     float s[Br / 8][4] = {}, dp[Br / 8][4] = {};  // S^T = K Q^T and dP^T = V dO^T: 16 keys x Br queries
 #pragma unroll
@@ -112,16 +113,17 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
 #pragma unroll
     for (int nt = 0; nt < Br / 8; ++nt) {
       const int qc = nt * 8 + 2 * t;
+      const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
+      const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
       bool keep[4] = {true, true, true, true};
       if (dropping) keep_key_rows(drop, head_base, S, key_a, tile * Br + qc, keep);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int c = qc + (e & 1);
         const float x = score_log2(s[nt][e], e < 2 ? kind_a : kind_b, a.scale_log2);
-        const float p = exp2_approx(x - row[c]) * row[Br + c];
+        const float p = e & 1 ? exp2_approx(x - st.z) * st.w : exp2_approx(x - st.x) * st.y;
         const float grad = keep[e] ? dp[nt][e] * a.keep_scale : 0.0f;  // d(P) from d(P')
         s[nt][e] = keep[e] ? p * a.keep_scale : 0.0f;
-        dp[nt][e] = p * (grad - row[2 * Br + c]);
+        dp[nt][e] = p * (grad - (e & 1 ? dot.y : dot.x));
       }
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g) * LDS + qc) = pack<T>(dp[nt][0], dp[nt][1]);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g + 8) * LDS + qc) = pack<T>(dp[nt][2], dp[nt][3]);
@@ -214,9 +216,11 @@ void launch_backward(const BackwardArgs& a, int batch, cudaStream_t stream) {
 }
 
 #define HONE_FLASH_BACKWARD(T, D) template void launch_backward<T, D>(const BackwardArgs&, int, cudaStream_t);
+HONE_FLASH_BACKWARD(__nv_bfloat16, 16)
 HONE_FLASH_BACKWARD(__nv_bfloat16, 32)
 HONE_FLASH_BACKWARD(__nv_bfloat16, 64)
 HONE_FLASH_BACKWARD(__nv_bfloat16, 128)
+HONE_FLASH_BACKWARD(__half, 16)
 HONE_FLASH_BACKWARD(__half, 32)
 HONE_FLASH_BACKWARD(__half, 64)
 HONE_FLASH_BACKWARD(__half, 128)

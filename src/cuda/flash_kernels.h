@@ -50,7 +50,7 @@ struct BackwardArgs {
   float keep_scale;
 };
 
-// Host launchers, instantiated for T in {__nv_bfloat16, __half} and D in {32, 64, 128}.
+// Host launchers, instantiated for T in {__nv_bfloat16, __half} and D in {16, 32, 64, 128}.
 template <typename T, int D>
 void launch_forward(const ForwardArgs& a, int batch, cudaStream_t stream);
 template <typename T, int D>
@@ -144,6 +144,13 @@ __device__ __forceinline__ int key_kind(const int32_t* mask_row, int j, int seq)
 // A score in base-2 units (exp2 of it is exp of the scaled score).
 __device__ __forceinline__ float score_log2(float dot, int kind, float scale_log2) {
   return kind > 0 ? dot * scale_log2 : kind == 0 ? -FLT_MAX : -INFINITY;
+}
+
+// The same as an addend, score_log2 = dot * scale_log2 + bias: 0 for a live key; -FLT_MAX
+// for a masked one (the product is far below its ulp, so the sum is exactly -FLT_MAX); -inf
+// past the sequence.
+__device__ __forceinline__ float key_bias(const int32_t* mask_row, int j, int seq) {
+  return j < seq ? (mask_row[j] != 0 ? 0.0f : -FLT_MAX) : -INFINITY;
 }
 
 __device__ __forceinline__ uint32_t pick(const uint32_t (&v)[4], int i) {

@@ -1,6 +1,6 @@
 // hone's flash attention (BF16/F16 on the CUDA backend) against the CPU reference
 // (src/ops/attention.cpp) on the same inputs, rounded to the half type first so that both
-// sides see the same numbers: head sizes 32, 64 and 128, right padding and masks with
+// sides see the same numbers: head sizes 16, 32, 64 and 128, right padding and masks with
 // holes, odd lengths, rows whose every key is masked, and dropout, whose masks must be the
 // CPU's element for element (another mask would move outputs by tens of percent). Then the
 // time of forward and backward at BERT-large's shape against cuDNN's fused attention and
@@ -183,7 +183,7 @@ using FlashAttention = test::GpuTest;
 // tiles and the per-element dropout draws) and a multiple of 4 (128: two key tiles, one
 // Philox block per four keys).
 TEST_F(FlashAttention, MatchesCpuReference) {
-  for (int head_dim : {32, 64, 128})
+  for (int head_dim : {16, 32, 64, 128})
     for (int S : {77, 128}) {
       const Case c{3, S, 2, head_dim, {right_padded(S, S - 30), with_holes(S, S + head_dim), right_padded(S, S)}};
       for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, "padding and holes");
@@ -202,7 +202,7 @@ TEST_F(FlashAttention, RowsWithEveryKeyMaskedAreUniform) {
 // CUDA graph.
 TEST_F(FlashAttention, DropoutMasksAreTheCpus) {
   const int64_t step = 7;
-  for (int head_dim : {32, 64, 128})
+  for (int head_dim : {16, 32, 64, 128})
     for (int S : {77, 128}) {
       const Case c{2, S, 2, head_dim, {with_holes(S, 5), right_padded(S, S - 9)}};
       for (DType t : {DType::BF16, DType::F16}) {

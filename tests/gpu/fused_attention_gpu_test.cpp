@@ -404,7 +404,7 @@ TEST_F(FusedAttention, DropoutMaskOfBackwardIsTheForwardsElementByElement) {
 
 // --------------------------------------------------------------------- checks and shapes
 
-TEST_F(FusedAttention, RejectsHeadSizesOtherThan32_64Or128) {
+TEST_F(FusedAttention, RejectsHeadSizesOtherThan16_32_64Or128) {
   for (int head_dim : {12, 96, 136}) {
     const Problem p = problem(1, 16, 2, head_dim, {16});
     Attention a(gpu(), DType::BF16, p);
