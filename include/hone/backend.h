@@ -290,8 +290,10 @@ class Backend {
                                   Tensor& workspace) = 0;
   // Scratch the attention ops need for this compute dtype, in F32 elements (planned as
   // workspace, shared by layers). Under BF16/F16 the CUDA backend runs a fused (flash)
-  // attention that needs right-padded masks (ones, then zeros) and keeps, in the first
-  // B*heads*S floats of stats, the log-sum-exp of each query row.
+  // attention whose stats hold, per query row, the maximum in base-2 units (scale q.k
+  // log2 e) and the reciprocal of the sum of exp2(x - max); with HONE_ATTENTION=cudnn it
+  // runs cuDNN's, which needs right-padded masks (ones, then zeros) and keeps, in the
+  // first B*heads*S floats of stats, the log-sum-exp of each query row.
   virtual int64_t attention_workspace_elems(const AttentionDims& d, DType t) const = 0;
 
   // Over the last dimension: y = (x - mean) * rstd * gamma + beta; mean, rstd: [rows].

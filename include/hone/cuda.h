@@ -14,8 +14,8 @@ struct CudaOptions {
 
 // Whether this build has the CUDA backend and a GPU is usable; if not, `why` says why.
 bool cuda_available(std::string* why);
-// Whether --bf16 / --fp16 can run: a usable GPU and a build with cuDNN, whose fused
-// attention mixed precision uses; if not, `why` says why.
+// Whether --bf16 / --fp16 can run: a usable GPU (and a build with cuDNN when
+// HONE_ATTENTION=cudnn selects its fused attention); if not, `why` says why.
 bool mixed_precision_available(std::string* why);
 // Throws hone::Error when cuda_available() is false.
 std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options);

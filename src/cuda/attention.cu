@@ -7,15 +7,19 @@
 // The [B, heads, S, S] probabilities live only in the workspace: backward recomputes
 // them from the scores and the saved per-row {max, 1 / sum}.
 //
-// BF16 / F16: cuDNN's fused flash attention (sdpa.h), no [S, S] matrix anywhere. The mask
-// becomes per-sequence key lengths, so it must be right-padded (ones, then zeros; the
-// caller guarantees it); stats keeps the log-sum-exp of each query row in its first
-// B*heads*S floats. Dropout draws cuDNN's own Philox mask (not dropout_keep's): the same
-// DropoutSpec gives the same mask in forward and backward, but not the F32 path's mask.
+// BF16 / F16: hone's flash attention (flash_attention.h), no [S, S] matrix anywhere, with
+// the F32 path's semantics and dropout masks; stats keeps {max, 1 / sum} of each query row
+// (the max in base-2 units). HONE_ATTENTION=cudnn runs cuDNN's fused flash attention
+// (sdpa.h) instead: its mask becomes per-sequence key lengths, so it must be right-padded
+// (ones, then zeros; the caller guarantees it); stats keeps the log-sum-exp of each query
+// row in its first B*heads*S floats, and dropout draws cuDNN's own Philox mask (not
+// dropout_keep's): the same DropoutSpec gives the same mask in forward and backward, but
+// not the F32 path's mask.
 #include <cfloat>
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/flash_attention.h"
 #include "cuda/kernels.h"
 #include "cuda/rows.h"
 #include "cuda/sdpa.h"
@@ -191,7 +195,7 @@ SeqOffsets seq_offsets(const AttentionDims& d, int b) {
   return {b * S * 3 * d.hidden(), b * S * d.hidden(), b * int64_t(d.heads) * S * S};
 }
 
-// ---------------------------------------------------------------- fused (BF16 / F16)
+// ---------------------------------------------------------------- cuDNN (BF16 / F16, HONE_ATTENTION=cudnn)
 
 // Where the fused path's scratch lies in the attention workspace, in F32 elements; each
 // region starts 256-byte aligned (cuDNN's tensors declare 16).
@@ -333,16 +337,21 @@ void fused_backward(cuda::SdpaCache*& cache, cudaStream_t stream, const Tensor& 
 }  // namespace
 
 // F32: two [B, heads, S, S] blocks, the (dropped) probabilities and d(probs). BF16 / F16:
-// the fused path's scratch (dominated by dQ_accum, B*S*H floats) and 1 MiB for cuDNN.
+// the flash kernels' scratch (dominated by the dQ accumulator, B*S*H floats), or cuDNN's
+// (the same accumulator, and 1 MiB for cuDNN).
 int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d, DType t) const {
   if (t == DType::F32) return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
-  if (t == DType::BF16 || t == DType::F16) return fused_scratch(d).total;
+  if (t == DType::BF16 || t == DType::F16)
+    return cudnn_attention_ ? fused_scratch(d).total : cuda::flash_scratch(d).total;
   fail("attention on CUDA: dtype {} is not a floating compute dtype", dtype_name(t));
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                     const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
-  if (qkv.dtype != DType::F32) return fused_forward(sdpa_, stream_, qkv, mask, d, drop, stats, ctx, workspace);
+  if (qkv.dtype != DType::F32) {
+    if (cudnn_attention_) return fused_forward(sdpa_, stream_, qkv, mask, d, drop, stats, ctx, workspace);
+    return cuda::flash_forward(stream_, qkv, mask, d, drop, stats, ctx, workspace);
+  }
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;
@@ -378,8 +387,11 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
 void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
                                      const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
                                      Tensor& dqkv, Tensor& workspace) {
-  if (qkv.dtype != DType::F32)
-    return fused_backward(sdpa_, stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
+  if (qkv.dtype != DType::F32) {
+    if (cudnn_attention_)
+      return fused_backward(sdpa_, stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
+    return cuda::flash_backward(stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
+  }
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
   const bool dropping = drop.p > 0.0f;

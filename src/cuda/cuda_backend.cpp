@@ -38,6 +38,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
          prop.major, prop.minor);
   name_ = fmt::format("cuda:{} ({})", device_, prop.name);
   sms_ = prop.multiProcessorCount;
+  cudnn_attention_ = cuda::cudnn_attention_selected();
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));

@@ -201,8 +201,10 @@ class CudaBackend final : public Backend {
   // nullopt: a GELU epilogue product without a kernel, run unfused instead.
   std::map<std::array<int64_t, kLtKey>, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
 
-  // attention.cu: cuDNN's handle and fused-attention plans, made on the first BF16/F16
-  // attention call; freed by the destructor (cuda::destroy_sdpa_cache).
+  // attention.cu: BF16/F16 attention runs hone's flash kernels unless HONE_ATTENTION=cudnn
+  // (read once, at construction); then cuDNN's handle and fused-attention plans, made on
+  // the first BF16/F16 attention call, freed by the destructor (cuda::destroy_sdpa_cache).
+  bool cudnn_attention_ = false;
   cuda::SdpaCache* sdpa_ = nullptr;
 };
 

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "hone/error.h"
@@ -46,6 +47,16 @@ void validate(const SdpaProblem& p, bool backward) {
 }
 
 }  // namespace
+
+bool cudnn_attention_selected() {
+  const char* v = std::getenv("HONE_ATTENTION");
+  const std::string choice = v ? v : "";
+  if (choice.empty() || choice == "flash") return false;
+  if (choice == "cudnn") return true;
+  fail("HONE_ATTENTION={} is not a choice: unset or \"flash\" for hone's attention kernels, \"cudnn\" for "
+       "cuDNN's fused attention",
+       choice);
+}
 
 #ifdef HONE_HAVE_CUDNN
 

@@ -25,6 +25,11 @@ namespace hone::cuda {
 
 // A backend's cuDNN handle (on the backend's stream) and its cache of execution plans.
 struct SdpaCache;
+// Whether BF16/F16 attention runs here rather than in hone's own kernels
+// (flash_attention.h): the environment's HONE_ATTENTION, unset or "flash" for hone's
+// kernels (the default: compiled into the binary, nothing to build at run time), "cudnn"
+// for these. Any other value is an error.
+bool cudnn_attention_selected();
 // Creates the handle and checks the library (cuDNN >= 9.10.2) and the GPU (SM 8.0+).
 SdpaCache* make_sdpa_cache(cudaStream_t stream);
 void destroy_sdpa_cache(SdpaCache* cache) noexcept;  // null is fine

@@ -1,6 +1,6 @@
 // Gradient checkpointing on the GPU: backward recomputes what a layer did not keep with the
-// forward's own kernels and dropout masks (hone's Philox streams in fp32; in the fused
-// bf16 attention cuDNN's, seeded from the same (step, site)), so each update's loss and
+// forward's own kernels and dropout masks (hone's Philox streams, the fused bf16
+// attention's included), so each update's loss and
 // gradients are the plain run's, with CUDA graphs on and off, with step-scoped and
 // accumulated gradients.
 //
@@ -9,7 +9,7 @@
 // of a stored sum is the fused residual LayerNorm's output bit for bit (mixed_ops_gpu_test),
 // which is what the recomputation relies on. But LayerNorm, bias and embedding gradients are
 // summed with float atomics (layernorm.cu, linear.cu, embedding.cu) whose order varies from
-// run to run, and in half precision cuDNN's attention backward accumulates dQ across key
+// run to run, and in half precision the attention backward accumulates dQ across key
 // blocks in a varying order, which reaches every gradient computed after it. So two plain
 // runs already differ there in their last bits. The test holds bitwise what two plain runs
 // reproduce: the loss and the products' weight gradients (all of them in fp32; in bf16

@@ -23,7 +23,7 @@ using test::small_bert;
 using test::task_batch;
 using test::TaskBatch;
 
-// Mixed precision runs cuDNN's fused attention: a GPU and a build with cuDNN.
+// Mixed precision needs a GPU (and a build with cuDNN when HONE_ATTENTION=cudnn).
 #define SKIP_WITHOUT_MIXED_PRECISION()                                        \
   do {                                                                        \
     std::string why;                                                          \

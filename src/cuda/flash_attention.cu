@@ -1,0 +1,196 @@
+// The host side of hone's flash attention (flash_attention.h) and its small kernels: the
+// key lengths that bound the work, the backward's pre-pass D = rowsum(dctx * ctx), and the
+// conversion of the F32 dQ accumulator into dqkv.
+#include "cuda/flash_attention.h"
+
+#include <type_traits>
+#include <utility>
+
+#include "cuda/check.h"
+#include "cuda/flash_kernels.h"
+#include "cuda/kernels.h"
+#include "hone/error.h"
+
+namespace hone::cuda {
+
+namespace {
+
+using flash::pack;
+using flash::unpack;
+
+// key_lengths[b] = 1 + the last attended key of sequence b: keys past it get no weight in
+// any row, so the kernels stop there. A sequence with no attended key gets S: all of its
+// rows are uniform over every key, as on the CPU.
+__global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int32_t* __restrict__ key_lengths) {
+  __shared__ int scratch[32];
+  const int b = blockIdx.x;
+  int last = -1;
+  for (int j = threadIdx.x; j < S; j += blockDim.x)
+    if (mask[int64_t(b) * S + j] != 0) last = j;
+  last = block_reduce(last, scratch, -1, [](int v) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+  });
+  if (threadIdx.x == 0) key_lengths[b] = last >= 0 ? last + 1 : S;
+}
+
+// row_dot[b, h, i] = dctx[b, i, head h] . ctx[b, i, head h] in F32: D / 8 lanes per row,
+// 8 elements (16 bytes) each.
+template <typename T, int D>
+__global__ void row_dot_kernel(const T* __restrict__ dctx, const T* __restrict__ ctx, float* __restrict__ row_dot,
+                               int64_t rows, int S, int heads) {
+  constexpr int kLanes = D / 8;
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < rows * kLanes; base += grid_stride()) {
+    const int64_t item = (base + threadIdx.x) / kLanes;  // (token, head)
+    const int sub = threadIdx.x % kLanes;
+    float sum = 0.0f;
+    if (item < rows) {
+      const int64_t offset = item * D + sub * 8;  // token * H + head * D + ...
+      const int4 x = *reinterpret_cast<const int4*>(dctx + offset), y = *reinterpret_cast<const int4*>(ctx + offset);
+      const uint32_t xs[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
+      const uint32_t ys[4] = {uint32_t(y.x), uint32_t(y.y), uint32_t(y.z), uint32_t(y.w)};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 u = unpack<T>(xs[k]), v = unpack<T>(ys[k]);
+        sum += u.x * v.x + u.y * v.y;
+      }
+    }
+#pragma unroll
+    for (int o = kLanes / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (item < rows && sub == 0) {
+      const int64_t token = item / heads, h = item % heads, b = token / S, i = token % S;
+      row_dot[(b * heads + h) * S + i] = sum;
+    }
+  }
+}
+
+// dqkv[token, 0:H] = scale * dq_accum[token, :], 8 columns per thread.
+template <typename T>
+__global__ void dq_store_kernel(const float* __restrict__ dq_accum, T* __restrict__ dqkv, int64_t tokens, int H,
+                                float scale) {
+  const int64_t groups = tokens * (H / 8);
+  for (int64_t i = grid_start(); i < groups; i += grid_stride()) {
+    const int64_t token = i / (H / 8), c = i % (H / 8) * 8;
+    const float4 lo = *reinterpret_cast<const float4*>(dq_accum + token * H + c);
+    const float4 hi = *reinterpret_cast<const float4*>(dq_accum + token * H + c + 4);
+    const int4 out = make_int4(int(pack<T>(lo.x * scale, lo.y * scale)), int(pack<T>(lo.z * scale, lo.w * scale)),
+                               int(pack<T>(hi.x * scale, hi.y * scale)), int(pack<T>(hi.z * scale, hi.w * scale)));
+    *reinterpret_cast<int4*>(dqkv + token * 3 * H + c) = out;
+  }
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// fn(TypeTag<T>{}, std::integral_constant<int, D>{}) for the call's element type and head size.
+template <typename Fn>
+void dispatch(DType t, int head_dim, Fn&& fn) {
+  const auto with_dim = [&](auto type) {
+    if (head_dim == 16) return fn(type, std::integral_constant<int, 16>{});
+    if (head_dim == 32) return fn(type, std::integral_constant<int, 32>{});
+    if (head_dim == 64) return fn(type, std::integral_constant<int, 64>{});
+    return fn(type, std::integral_constant<int, 128>{});
+  };
+  if (t == DType::BF16) return with_dim(TypeTag<__nv_bfloat16>{});
+  with_dim(TypeTag<__half>{});
+}
+
+void check_tensor(const Tensor& t, DType want, int64_t numel, const char* what) {
+  if (t.dtype != want || t.numel() < numel)
+    fail("flash attention: {} is {} {}, expected {} with at least {} elements", what, dtype_name(t.dtype),
+         t.shape.str(), dtype_name(want), numel);
+  if (!aligned16(t.data)) fail("flash attention: {} is not 16-byte aligned", what);
+}
+
+// The checks both directions share; returns the key lengths, computed into the workspace.
+int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+                 const AttentionDims& d, const DropoutSpec& drop, const Tensor& workspace) {
+  if (qkv.dtype != DType::BF16 && qkv.dtype != DType::F16)
+    fail("flash attention runs in BF16 or F16, not {}", dtype_name(qkv.dtype));
+  if (!flash_supports_head_dim(d.head_dim))
+    fail("bf16/fp16 attention needs a head size of 16, 32, 64 or 128; this model's is {} (run it in fp32, or with "
+         "HONE_ATTENTION=cudnn)",
+         d.head_dim);
+  if (d.batch < 1 || d.seq < 1 || d.heads < 1)
+    fail("flash attention: batch {}, sequence length {} and heads {} must be positive", d.batch, d.seq, d.heads);
+  if (int64_t(d.batch) * d.heads > 65535)
+    fail("flash attention: batch x heads = {} exceeds 65535", int64_t(d.batch) * d.heads);
+  if (!(drop.p >= 0.0f && drop.p < 1.0f)) fail("attention dropout probability {} is not in [0, 1)", drop.p);
+  const int64_t T = int64_t(d.batch) * d.seq;
+  check_tensor(qkv, qkv.dtype, T * 3 * d.hidden(), "qkv");
+  check_tensor(mask, DType::I32, T, "mask");
+  check_tensor(stats, DType::F32, T * d.heads * 2, "stats");
+  const FlashScratch f = flash_scratch(d);
+  check_tensor(workspace, DType::F32, f.total, "the attention workspace");
+  int32_t* key_lengths = reinterpret_cast<int32_t*>(workspace.f32() + f.key_lengths);
+  key_lengths_kernel<<<d.batch, kThreads, 0, stream>>>(mask.ptr<int32_t>(), d.seq, key_lengths);
+  HONE_CUDA_LAUNCH_CHECK();
+  return key_lengths;
+}
+
+float keep_scale(const DropoutSpec& drop) { return drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f; }
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace
+
+bool flash_supports_head_dim(int head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+FlashScratch flash_scratch(const AttentionDims& d) {
+  const auto aligned = [](int64_t floats) { return (floats + 63) / 64 * 64; };  // 256-byte regions
+  const int64_t tokens = int64_t(d.batch) * d.seq;
+  FlashScratch f{};
+  int64_t at = 0;
+  f.dq_accum = at, at += aligned(tokens * d.hidden());
+  f.row_dot = at, at += aligned(tokens * d.heads);
+  f.key_lengths = at, at += aligned(d.batch);
+  f.total = at;
+  return f;
+}
+
+void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                   const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
+  check_tensor(ctx, qkv.dtype, int64_t(d.batch) * d.seq * d.hidden(), "ctx");
+  const flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
+                             reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
+                             keep_scale(drop)};
+  dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
+    flash::launch_forward<typename decltype(type)::type, decltype(dim)::value>(a, d.batch, stream);
+  });
+}
+
+void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                    const Tensor& mask, const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
+                    Tensor& dqkv, Tensor& workspace) {
+  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
+  const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+  check_tensor(dctx, qkv.dtype, T * H, "dctx");
+  check_tensor(ctx, qkv.dtype, T * H, "ctx");
+  check_tensor(dqkv, qkv.dtype, T * 3 * H, "dqkv");
+  const FlashScratch f = flash_scratch(d);
+  float* dq_accum = workspace.f32() + f.dq_accum;
+  float* row_dot = workspace.f32() + f.row_dot;
+  HONE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(T * H) * sizeof(float), stream));
+  const flash::BackwardArgs a{qkv.data, dctx.data, mask.ptr<int32_t>(), key_lengths,
+                              reinterpret_cast<const float2*>(stats.f32()), row_dot, dq_accum, dqkv.data, d.seq,
+                              d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop)};
+  dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
+    using T16 = typename decltype(type)::type;
+    constexpr int D = decltype(dim)::value;
+    const int64_t rows = T * d.heads;
+    row_dot_kernel<T16, D><<<blocks_for(rows * (D / 8)), kThreads, 0, stream>>>(
+        static_cast<const T16*>(dctx.data), static_cast<const T16*>(ctx.data), row_dot, rows, d.seq, d.heads);
+    HONE_CUDA_LAUNCH_CHECK();
+    flash::launch_backward<T16, D>(a, d.batch, stream);
+    dq_store_kernel<T16><<<blocks_for(T * (H / 8)), kThreads, 0, stream>>>(dq_accum, static_cast<T16*>(dqkv.data),
+                                                                           T, int(H), d.scale);
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace hone::cuda

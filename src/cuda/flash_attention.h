@@ -1,0 +1,38 @@
+#pragma once
+// hone's own flash attention for BF16 / F16 (flash_attention.cu), compiled ahead of time:
+// FlashAttention-2's tiling on mma.sync tensor cores, no [S, S] matrix anywhere, the
+// semantics of src/ops/attention.cpp (any 0/1 mask, -FLT_MAX on masked keys, dropout with
+// hone's Philox stream, so the CPU reference reproduces its masks). Head sizes 16, 32, 64
+// and 128.
+//
+// stats [B, heads, S, 2] keeps, per query row, {max, 1 / sum}: the maximum of its masked
+// scores in base-2 units (scale * q.k * log2 e) and the reciprocal of the sum of exp2(x -
+// max). Backward recomputes P = exp2(x - max) * (1 / sum) from them.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "hone/backend.h"
+
+namespace hone::cuda {
+
+// The scratch of one call in the attention workspace, offsets in F32 elements.
+struct FlashScratch {
+  int64_t dq_accum;     // F32 [B*S, H]: dQ summed over key blocks (backward)
+  int64_t row_dot;      // F32 [B, heads, S]: rowsum(dctx * ctx) (backward)
+  int64_t key_lengths;  // I32 [B]: keys past the last attended one are skipped
+  int64_t total;
+};
+FlashScratch flash_scratch(const AttentionDims& d);
+
+// Whether flash_forward / flash_backward run this head size.
+bool flash_supports_head_dim(int head_dim);
+
+void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                   const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);
+// dqkv is overwritten entirely (padded keys get their gradient, 0).
+void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                    const Tensor& mask, const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
+                    Tensor& dqkv, Tensor& workspace);
+
+}  // namespace hone::cuda

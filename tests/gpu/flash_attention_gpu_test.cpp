@@ -1,0 +1,267 @@
+// hone's flash attention (BF16/F16 on the CUDA backend) against the CPU reference
+// (src/ops/attention.cpp) on the same inputs, rounded to the half type first so that both
+// sides see the same numbers: head sizes 16, 32, 64 and 128, right padding and masks with
+// holes, odd lengths, rows whose every key is masked, and dropout, whose masks must be the
+// CPU's element for element (another mask would move outputs by tens of percent). Then the
+// time of forward and backward at BERT-large's shape against cuDNN's fused attention and
+// a dense cuBLASLt product, printed only.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_tensor.h"
+#include "hone/backend.h"
+#include "hone/cpu_backend.h"
+#include "hone/cuda.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+using test::DeviceTensor;
+using test::HostTensor;
+using test::round_all;
+
+const char* label(DType t) { return t == DType::BF16 ? "bf16" : "fp16"; }
+
+// ||got - want|| / ||want|| over an output, and its worst element against the largest
+// |want|. Inputs are exact on both sides, so the difference is the kernels' rounding: P and
+// dS are rounded to the half type before their products, and the outputs are stored in it
+// (unit roundoff 2^-9 = 2e-3 in bf16, 2^-11 = 4.9e-4 in fp16). A few such roundings of
+// random sign give 2e-3 to 4e-3 in bf16 and 4 times less in fp16: the bounds leave 2.5-3x.
+double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 3e-3; }
+
+struct Case {
+  int batch, seq, heads, head_dim;
+  std::vector<std::vector<int32_t>> masks;  // one row of seq per sequence
+  AttentionDims dims() const { return {batch, seq, heads, head_dim, 1.0f / std::sqrt(float(head_dim))}; }
+  int64_t tokens() const { return int64_t(batch) * seq; }
+  int64_t hidden() const { return int64_t(heads) * head_dim; }
+};
+
+std::vector<int32_t> right_padded(int seq, int length) {
+  std::vector<int32_t> m(static_cast<size_t>(seq), 0);
+  for (int j = 0; j < length; ++j) m[size_t(j)] = 1;
+  return m;
+}
+
+// Random holes (about a third of the keys masked), the last key masked too.
+std::vector<int32_t> with_holes(int seq, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<int32_t> m(static_cast<size_t>(seq));
+  for (int32_t& x : m) x = gen() % 3 != 0;
+  m[0] = 1;
+  m.back() = seq > 1 ? 0 : 1;
+  return m;
+}
+
+std::vector<float> uniform(int64_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(g);
+  return v;
+}
+
+struct Outputs {
+  std::vector<float> ctx, dqkv;
+};
+
+// The CPU reference on the rounded inputs.
+Outputs run_cpu(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dctx,
+                const std::vector<int32_t>& mask, const DropoutSpec& drop) {
+  CpuBackend cpu;
+  const AttentionDims d = c.dims();
+  const int64_t T = c.tokens(), H = c.hidden();
+  HostTensor q(DType::F32, Shape{T, 3 * H}), m(DType::I32, Shape{c.batch, c.seq}), g(DType::F32, Shape{T, H}),
+      stats(DType::F32, Shape{c.batch, c.heads, c.seq, 2}), ctx(DType::F32, Shape{T, H}),
+      dqkv(DType::F32, Shape{T, 3 * H}), work(DType::F32, Shape{cpu.attention_workspace_elems(d, DType::F32)});
+  std::copy(qkv.begin(), qkv.end(), q.f());
+  std::copy(dctx.begin(), dctx.end(), g.f());
+  std::copy(mask.begin(), mask.end(), m.i());
+  cpu.attention_forward(q.t, m.t, d, drop, stats.t, ctx.t, work.t);
+  cpu.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, d, drop, dqkv.t, work.t);
+  return {std::vector<float>(ctx.f(), ctx.f() + T * H), std::vector<float>(dqkv.f(), dqkv.f() + T * 3 * H)};
+}
+
+// The GPU in dtype t; outputs start unwritten (NaN), so an element never written shows.
+Outputs run_gpu(Backend& gpu, DType t, const Case& c, const std::vector<float>& qkv, const std::vector<float>& dctx,
+                const std::vector<int32_t>& mask, const DropoutSpec& drop) {
+  const AttentionDims d = c.dims();
+  const int64_t T = c.tokens(), H = c.hidden();
+  DeviceTensor q(gpu, t, Shape{T, 3 * H}), m(gpu, DType::I32, Shape{c.batch, c.seq}), g(gpu, t, Shape{T, H}),
+      stats(gpu, DType::F32, Shape{c.batch, c.heads, c.seq, 2}), ctx(gpu, t, Shape{T, H}),
+      dqkv(gpu, t, Shape{T, 3 * H}), work(gpu, DType::F32, Shape{gpu.attention_workspace_elems(d, t)});
+  q.upload(qkv);
+  g.upload(dctx);
+  m.upload_bytes(mask.data());
+  gpu.attention_forward(q.t, m.t, d, drop, stats.t, ctx.t, work.t);
+  gpu.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, d, drop, dqkv.t, work.t);
+  gpu.synchronize();
+  return {ctx.download(), dqkv.download()};
+}
+
+// Columns [c0, c1) of row-major [rows, cols] outputs.
+void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, int64_t cols,
+                  int64_t c0, int64_t c1, double tol) {
+  double num = 0, den = 0, worst = 0, scale = 0;
+  for (size_t r = 0; r * size_t(cols) < want.size(); ++r)
+    for (int64_t c = c0; c < c1; ++c) {
+      const size_t i = r * size_t(cols) + size_t(c);
+      double e = std::fabs(double(got[i]) - want[i]);
+      if (std::isnan(e)) e = INFINITY;
+      num += e * e, den += double(want[i]) * want[i];
+      worst = std::max(worst, e), scale = std::max(scale, std::fabs(double(want[i])));
+    }
+  const double norm = den > 0 ? std::sqrt(num / den) : std::sqrt(num), rel_worst = scale > 0 ? worst / scale : worst;
+  std::printf("    %-6s rel. error %.2e, worst element %.2e of max\n", what.c_str(), norm, rel_worst);
+  EXPECT_LE(norm, tol) << what;
+  EXPECT_LE(rel_worst, 5 * tol) << what;  // one element may carry a few roundings of values near the largest
+}
+
+// The whole comparison of one case in one dtype. `step` (a device counter, and the same
+// value on the host) is optional: with it the kernels must read the step from memory.
+void check_case(Backend& gpu, DType t, const Case& c, const DropoutSpec& drop, const std::string& name) {
+  SCOPED_TRACE(fmt::format("{} {} B={} S={} heads={} head_dim={} p={}", name, label(t), c.batch, c.seq, c.heads,
+                           c.head_dim, drop.p));
+  std::printf("  %s %s S=%d head_dim=%d p=%.2f\n", name.c_str(), label(t), c.seq, c.head_dim, drop.p);
+  const int64_t T = c.tokens(), H = c.hidden();
+  // Q and K in [-2, 2]: scores of standard deviation ~1.3, peaked rows that are not one-hot.
+  std::vector<float> qkv = uniform(T * 3 * H, 11 + c.head_dim, -2.0f, 2.0f), dctx = uniform(T * H, 12, -1.0f, 1.0f);
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t k = 2 * H; k < 3 * H; ++k) qkv[size_t(r * 3 * H + k)] *= 0.5f;  // V in [-1, 1]
+  round_all(qkv, t);
+  round_all(dctx, t);
+  std::vector<int32_t> mask;
+  for (const auto& row : c.masks) mask.insert(mask.end(), row.begin(), row.end());
+
+  DropoutSpec cpu_drop = drop, gpu_drop = drop;
+  int64_t host_step = 0;
+  void* device_step = nullptr;
+  if (drop.step) {  // drop.step points at the host's value
+    host_step = *drop.step;
+    device_step = gpu.allocate(sizeof(int64_t));
+    test::cuda_ok(cudaMemcpy(device_step, &host_step, sizeof host_step, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cpu_drop.step = &host_step;
+    gpu_drop.step = static_cast<const int64_t*>(device_step);
+  }
+  const Outputs want = run_cpu(c, qkv, dctx, mask, cpu_drop);
+  const Outputs got = run_gpu(gpu, t, c, qkv, dctx, mask, gpu_drop);
+  if (device_step) gpu.deallocate(device_step);
+  const double tol = tolerance(t);
+  expect_close("ctx", got.ctx, want.ctx, H, 0, H, tol);
+  expect_close("dQ", got.dqkv, want.dqkv, 3 * H, 0, H, tol);
+  expect_close("dK", got.dqkv, want.dqkv, 3 * H, H, 2 * H, tol);
+  expect_close("dV", got.dqkv, want.dqkv, 3 * H, 2 * H, 3 * H, tol);
+  // A masked key gets probability 0 in every row that attends to anything: dK = dV = 0 exactly.
+  for (int b = 0; b < c.batch; ++b) {
+    const auto& m = c.masks[size_t(b)];
+    if (std::find(m.begin(), m.end(), 1) == m.end()) continue;
+    for (int j = 0; j < c.seq; ++j) {
+      if (m[size_t(j)] != 0) continue;
+      for (int64_t k = H; k < 3 * H; ++k)
+        ASSERT_EQ(got.dqkv[size_t((int64_t(b) * c.seq + j) * 3 * H + k)], 0.0f)
+            << "masked key " << j << " of sequence " << b << ", column " << k;
+    }
+  }
+}
+
+using FlashAttention = test::GpuTest;
+
+// Right padding, holes and every key masked, for each head size, an odd length (77: tail
+// tiles and the per-element dropout draws) and a multiple of 4 (128: two key tiles, one
+// Philox block per four keys).
+TEST_F(FlashAttention, MatchesCpuReference) {
+  for (int head_dim : {16, 32, 64, 128})
+    for (int S : {77, 128}) {
+      const Case c{3, S, 2, head_dim, {right_padded(S, S - 30), with_holes(S, S + head_dim), right_padded(S, S)}};
+      for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, "padding and holes");
+    }
+}
+
+TEST_F(FlashAttention, RowsWithEveryKeyMaskedAreUniform) {
+  for (int S : {77, 1}) {
+    const Case c{2, S, 2, 64, {right_padded(S, 0), right_padded(S, S)}};
+    for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, "all masked");
+  }
+}
+
+// p = 0.5 drops half of P: a mask that differed from the CPU's anywhere would move the
+// outputs by tens of percent. The step counter comes from device memory, as in a replayed
+// CUDA graph.
+TEST_F(FlashAttention, DropoutMasksAreTheCpus) {
+  const int64_t step = 7;
+  for (int head_dim : {16, 32, 64, 128})
+    for (int S : {77, 128}) {
+      const Case c{2, S, 2, head_dim, {with_holes(S, 5), right_padded(S, S - 9)}};
+      for (DType t : {DType::BF16, DType::F16}) {
+        check_case(gpu(), t, c, {0.5f, 1234, 5}, "dropout");
+        check_case(gpu(), t, c, {0.1f, 99, 3, &step}, "dropout, step in memory");
+      }
+    }
+}
+
+// BERT-large's attention, B = 32, S = 512, 16 heads of 64, bf16: forward and backward in
+// TFLOP/s (4 B heads S^2 d for forward, 2.5 times that for backward), ours against cuDNN's,
+// and a dense bf16 product for the scale. Printed, never asserted.
+TEST_F(FlashAttention, BertLargeSpeed) {
+  const AttentionDims d{32, 512, 16, 64, 0.125f};
+  const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+  const double fwd_flops = 4.0 * d.batch * d.heads * double(d.seq) * d.seq * d.head_dim, bwd_flops = 2.5 * fwd_flops;
+  const auto time_ms = [&](Backend& be, const std::function<void()>& f) {
+    f();
+    be.synchronize();
+    constexpr int kReps = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) f();
+    be.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+  };
+  const auto measure = [&](Backend& be, const char* name) {
+    DeviceTensor q(be, DType::BF16, Shape{T, 3 * H}), m(be, DType::I32, Shape{d.batch, d.seq}),
+        g(be, DType::BF16, Shape{T, H}), stats(be, DType::F32, Shape{d.batch, d.heads, d.seq, 2}),
+        ctx(be, DType::BF16, Shape{T, H}), dqkv(be, DType::BF16, Shape{T, 3 * H}),
+        work(be, DType::F32, Shape{be.attention_workspace_elems(d, DType::BF16)});
+    q.upload(uniform(T * 3 * H, 1, -1.0f, 1.0f));
+    g.upload(uniform(T * H, 2, -1.0f, 1.0f));
+    const std::vector<int32_t> ones(size_t(T), 1);
+    m.upload_bytes(ones.data());
+    for (float p : {0.0f, 0.1f}) {
+      const DropoutSpec drop{p, 42, 1};
+      const double f = time_ms(be, [&] { be.attention_forward(q.t, m.t, d, drop, stats.t, ctx.t, work.t); });
+      const double b = time_ms(be, [&] {
+        be.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, d, drop, dqkv.t, work.t);
+      });
+      std::printf("  %-6s p=%.1f: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n", name, p, f,
+                  fwd_flops / f / 1e9, b, bwd_flops / b / 1e9);
+    }
+  };
+  measure(gpu(), "flash");
+#ifdef HONE_HAVE_CUDNN
+  setenv("HONE_ATTENTION", "cudnn", 1);
+  auto cudnn = make_cuda_backend({});
+  unsetenv("HONE_ATTENTION");
+  measure(*cudnn, "cuDNN");
+#endif
+  constexpr int64_t N = 8192;  // y = x w^T, 2 N^3 flops
+  DeviceTensor x(gpu(), DType::BF16, Shape{N, N}), w(gpu(), DType::BF16, Shape{N, N}), y(gpu(), DType::BF16, Shape{N, N});
+  x.upload(uniform(N * N, 3, -1.0f, 1.0f));
+  w.upload(uniform(N * N, 4, -1.0f, 1.0f));
+  const double ms = time_ms(gpu(), [&] { gpu().linear_forward(x.t, w.t, nullptr, y.t); });
+  std::printf("  dense bf16 product %lldx%lldx%lld: %.3f ms (%.0f TFLOP/s)\n", (long long)N, (long long)N,
+              (long long)N, ms, 2.0 * N * N * N / ms / 1e9);
+}
+
+}  // namespace
+}  // namespace hone
