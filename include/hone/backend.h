@@ -295,6 +295,9 @@ class Backend {
   // runs cuDNN's, which needs right-padded masks (ones, then zeros) and keeps, in the
   // first B*heads*S floats of stats, the log-sum-exp of each query row.
   virtual int64_t attention_workspace_elems(const AttentionDims& d, DType t) const = 0;
+  // Whether attention in this compute dtype takes each row's length rather than its mask,
+  // so that masks must be right-padded (cuDNN's, under HONE_ATTENTION=cudnn).
+  virtual bool attention_needs_right_padding(DType t) const { return false; }
 
   // Over the last dimension: y = (x - mean) * rstd * gamma + beta; mean, rstd: [rows].
   virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
                           const Tensor& stats,
                           const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
   int64_t attention_workspace_elems(const AttentionDims& d, DType t) const override;
+  bool attention_needs_right_padding(DType t) const override { return cudnn_attention_ && t != DType::F32; }
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,

@@ -168,6 +168,8 @@ Tensor host_tensor(const void* p, DType t, Shape s) { return Tensor{const_cast<v
 void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
                                  int batch, int seq) const {
   const BertConfig& c = model_->config();
+  // cuDNN's fused attention takes each row's length, not its mask.
+  const bool right_padding_only = be_.attention_needs_right_padding(model_->compute_weights().dtype);
   for (int b = 0; b < batch; ++b) {
     for (int t = 0; t < seq; ++t) {
       const size_t i = size_t(b) * seq + t;
@@ -179,10 +181,9 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
              c.type_vocab_size);
       if (mask[i] != 0 && mask[i] != 1)
         fail("batch row {}, position {}: attention mask value {} is not 0 or 1", b, t, mask[i]);
-      // The fused attention of mixed precision takes each row's length, not a mask.
-      if (model_->mixed() && t > 0 && mask[i] == 1 && mask[i - 1] == 0)
-        fail("batch row {}: the attention mask is not right-padded (a 1 at position {} after a 0); --bf16 and "
-             "--fp16 need padding at the end of each sequence",
+      if (right_padding_only && t > 0 && mask[i] == 1 && mask[i - 1] == 0)
+        fail("batch row {}: the attention mask is not right-padded (a 1 at position {} after a 0); cuDNN's "
+             "attention (HONE_ATTENTION=cudnn) under --bf16 and --fp16 needs padding at the end of each sequence",
              b, t);
     }
     if (!labels) continue;

@@ -28,7 +28,9 @@
 #include "hone/cuda.h"
 #include "hone/dtype.h"
 #include "hone/error.h"
+#include "hone/trainer.h"
 #include "device_tensor.h"
+#include "gpu/small_bert.h"
 #include "test_util.h"
 
 namespace hone {
@@ -201,6 +203,40 @@ TEST(CudnnAttentionWithoutCudnn, FailsClearly) {
     std::printf("  without cuDNN: %s\n", e.what());
   }
 #endif
+}
+
+// cuDNN's attention reads lengths: a bf16 run on it refuses a mask padded at the start,
+// naming the row, where hone's own attention takes it.
+TEST(CudnnAttention, RunRefusesMasksNotPaddedAtTheEnd) {
+#ifndef HONE_HAVE_CUDNN
+  GTEST_SKIP() << "this build has no cuDNN";
+#endif
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  TrainingArguments a;
+  a.per_device_train_batch_size = 2;
+  a.bf16 = true;
+  const BertConfig c = test::small_bert();
+  std::vector<int32_t> ids(16, 5), mask(16, 1), types(16, 0);
+  std::vector<float> labels{0, 1};
+  mask[8] = 0;  // row 1 starts with padding
+  {
+    auto flash = make_cuda_backend({});
+    TrainingRun run(a, c, 8, *flash);
+    run.init_weights(1);
+    run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 2, 1.0f, 0);
+  }
+  setenv("HONE_ATTENTION", "cudnn", 1);
+  auto cudnn = make_cuda_backend({});
+  unsetenv("HONE_ATTENTION");
+  TrainingRun run(a, c, 8, *cudnn);
+  try {
+    run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), 2, 1.0f, 0);
+    FAIL() << "cuDNN's attention took a mask padded at the start";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch row 1: the attention mask is not right-padded"), std::string::npos)
+        << e.what();
+  }
 }
 
 // --------------------------------------------------------------------- without dropout
