@@ -19,6 +19,9 @@
 namespace hone::cli {
 
 int env_command() {
+  // Machine code only, before CUDA starts: a kernel the driver would have to compile from
+  // PTX then fails to load, which is how the report tells (src/cuda/kernel_image.h).
+  setenv("CUDA_DISABLE_PTX_JIT", "1", 1);
   fmt::print("hone {} ({} build, {}, C++{})\n", HONE_VERSION, HONE_BUILD_TYPE, HONE_COMPILER, __cplusplus / 100 % 100);
 #if defined(HONE_HAVE_CUDA)
   fmt::print("CUDA backend: built, for architectures {}\n", HONE_CUDA_ARCHITECTURES);

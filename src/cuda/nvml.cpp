@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "cuda/kernel_image.h"
 #include "hone/cuda.h"
 #include "hone/gpu_info.h"
 
@@ -237,10 +238,20 @@ std::string device_report(int dev) {
   auto feature = [&](const char* what, bool hardware) {
     return fmt::format("{} {}", what, usable && hardware ? "yes" : "no");
   };
-  // bf16/fp16 training and fused attention are not in hone yet: say so, with what the GPU could do.
-  out += fmt::format("  hone features: {}, {}; not yet in hone: bf16 and fp16 training (GPU support: {}), "
-                     "fused attention\n",
-                     feature("fp32", true), feature("tf32", cc >= 80), usable && cc >= 80 ? "yes" : "no");
+  out += fmt::format("  hone features: {}, {}, {}, {}, {} (hone's kernels, head sizes 16, 32, 64 and 128)\n",
+                     feature("fp32", true), feature("tf32", true), feature("bf16", true), feature("fp16", true),
+                     feature("fused attention", true));
+  if (!usable) return out;
+  const cuda::KernelImage k = cuda::kernel_image(dev);
+  if (k.machine_code)
+    out += fmt::format("  hone's kernels: machine code for sm_{} in this binary, nothing compiled at run time; "
+                       "cuBLASLt ships its own; cuDNN's attention (HONE_ATTENTION=cudnn only) compiles on first use\n",
+                       k.binary_version);
+  else
+    out += fmt::format("  hone's kernels: no machine code for compute capability {}.{} in this binary ({}): the "
+                       "driver would compile them from PTX on the first run, if the binary has PTX it can use; "
+                       "rebuild with -DCMAKE_CUDA_ARCHITECTURES=native\n",
+                       prop.major, prop.minor, k.detail);
   return out;
 }
 

@@ -8,7 +8,10 @@
 #include <memory>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "hone/cuda.h"
+#include "test_util.h"
 
 namespace hone {
 namespace {
@@ -63,8 +66,22 @@ TEST_F(GpuInfo, EnvironmentReportNamesEveryGpu) {
     EXPECT_NE(report.find(std::to_string(prop.major) + "." + std::to_string(prop.minor)), std::string::npos)
         << report;
   }
-  EXPECT_NE(report.find("hone features: fp32 yes"), std::string::npos) << report;
+  EXPECT_NE(report.find("hone features: fp32 yes, tf32 yes, bf16 yes, fp16 yes, fused attention yes"),
+            std::string::npos)
+      << report;
   EXPECT_EQ(report.find("none usable"), std::string::npos) << report;
+}
+
+// `hone env` checks with PTX compilation off, so "machine code" means the driver loaded SASS
+// built for this GPU (the GPU tests' build is for it) rather than compiling PTX.
+TEST_F(GpuInfo, EnvSaysTheKernelsAreMachineCodeForThisGpu) {
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const test::CommandResult r = test::run_hone("env");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("hone's kernels: machine code for sm_{}{} in this binary", prop.major, prop.minor)),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace
