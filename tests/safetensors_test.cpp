@@ -207,6 +207,27 @@ TEST(Safetensors, AtomicWriteFailuresNameThePathAndCleanUp) {
   EXPECT_EQ(dir_listing(dir.path), (std::vector<std::string>{"taken"}));
 }
 
+// A streamed write whose data falls short of its header leaves no file behind.
+TEST(Safetensors, StreamedWriteOfTooFewBytesFailsAndLeavesNothing) {
+  TempDir dir;
+  const std::string path = dir.path + "/s.safetensors";
+  const float data[4] = {1, 2, 3, 4};
+  const std::vector<TensorHeader> headers{{"a", DType::F32, Shape{2}}, {"b", DType::F32, Shape{2}}};
+  write_safetensors(path, headers, [&](const ByteWriter& write) { write(data, sizeof data); });
+  SafetensorsFile f(path);
+  float b[2];
+  f.read_f32(*f.find("b"), b, 2);
+  EXPECT_EQ(b[1], 4.0f);
+  std::filesystem::remove(path);
+  try {
+    write_safetensors(path, headers, [&](const ByteWriter& write) { write(data, 3 * sizeof(float)); });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("12 bytes of tensor data for 16 declared"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(dir_listing(dir.path).empty());
+}
+
 TEST(Safetensors, WriteRejectsDuplicateNames) {
   TempDir dir;
   HostTensor t(DType::F32, {1});

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <new>
 #include <tuple>
 
@@ -505,6 +507,28 @@ TEST(MixedPrecisionRun, TakesAnyMaskAndRefusesHalfOpsOnTheCpu) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the CPU backend computes in F32 only"), std::string::npos) << e.what();
   }
+}
+
+// The run's streamed save (pieces through two alternating buffers) writes the file that
+// saving a host copy of its weights writes.
+TEST(ModelFiles, StreamedSaveEqualsSavingTheHostCopy) {
+  CpuBackend be;
+  const BertConfig c = small_config(3);
+  TrainingRun run(small_args(2), c, 16, be);
+  run.init_weights(9);
+  std::vector<float> w(size_t(run.model().layout().count()));
+  run.read_weights(w.data());
+  test::TempDir dir;
+  save_pretrained(dir.path + "/host", c, run.model().layout(), w.data());
+  run.save_model(dir.path + "/streamed", 1000);
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::string want = bytes(dir.path + "/host/model.safetensors");
+  EXPECT_GT(want.size(), size_t(run.model().layout().count()) * 4);
+  EXPECT_EQ(bytes(dir.path + "/streamed/model.safetensors"), want);
+  EXPECT_EQ(bytes(dir.path + "/streamed/config.json"), bytes(dir.path + "/host/config.json"));
 }
 
 TEST(ModelFiles, SaveThenLoadIsBitExact) {

@@ -4,6 +4,7 @@
 // then the data; offsets are relative to the end of the header.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,6 +57,19 @@ struct NamedTensor {
 // Writes tensors (in the given order) atomically: a temporary file in the same
 // directory, fsync, rename.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// The same, for tensors whose bytes are not in host memory as a whole: write_data is given
+// a function that appends bytes to the file and must append every tensor's, in order (a
+// count that differs is an error, and nothing is written).
+struct TensorHeader {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+using ByteWriter = std::function<void(const void* data, size_t bytes)>;
+void write_safetensors(const std::string& path, const std::vector<TensorHeader>& tensors,
+                       const std::function<void(const ByteWriter&)>& write_data,
                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 // Atomic write of a whole file's content (temporary name, fsync, rename).

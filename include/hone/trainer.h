@@ -87,6 +87,9 @@ class TrainingRun {
   // Copies between the flat parameter buffers and host memory of layout().count() floats.
   void write_weights(const float* host);
   void read_weights(float* host);
+  // save_pretrained of the weights, streamed from the device in page-locked chunks so that
+  // copying one overlaps writing the last, without a host copy of the whole model.
+  void save_model(const std::string& dir, int64_t chunk_floats = int64_t(16) << 20);
   // Random weights as init_weights (hone/weights.h) writes them on the host, bit for bit,
   // drawn on the backend's device: nothing to draw on one core or to copy.
   void init_weights(uint64_t seed);

@@ -2,11 +2,13 @@
 // Model files: random initialisation as transformers does it, loading a model.safetensors
 // into the flat parameter buffer, and saving a directory that transformers reads.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "hone/bert.h"
 #include "hone/config.h"
+#include "hone/safetensors.h"
 
 namespace hone {
 
@@ -58,5 +60,9 @@ BertConfig resolve_config(const std::string& name_or_path);
 // Writes config.json and model.safetensors (transformers' names and order) into `dir`,
 // creating it; each file is written atomically.
 void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights);
+// The same with the parameters streamed: write_parameters appends each entry of the layout,
+// in the layout's order, as F32 (TrainingRun::save_model streams them from the device).
+void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout,
+                     const std::function<void(const ByteWriter&)>& write_parameters);
 
 }  // namespace hone

@@ -141,8 +141,7 @@ int train_command(const TrainingArguments& requested) {
   timeline.mark("memory_plan");
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", in.model.name, describe(cfg, layout.count()));
-  // Staging for loading and saving, allocated when needed: its 4 bytes a parameter cost
-  // time to touch.
+  // Staging for loading, allocated only then: its 4 bytes a parameter cost time to touch.
   std::unique_ptr<float[]> host;
   if (in.model.weights_path.empty()) {
     run.init_weights(a.seed);
@@ -275,9 +274,8 @@ int train_command(const TrainingArguments& requested) {
                m.model_flops / 1e12, m.train_runtime, achieved / 1e12, mfu);
   }
   // As run_classification.py: the model is saved before the metrics.
-  if (!host) host = std::make_unique_for_overwrite<float[]>(size_t(layout.count()));
-  run.read_weights(host.get());
-  save_pretrained(a.output_dir, cfg, layout, host.get());
+  host.reset();
+  run.save_model(a.output_dir);
   if (in.tokenizer) in.tokenizer->save(a.output_dir);
   timeline.mark("save");
   metrics["process_seconds"] = timeline.to_json();

@@ -270,22 +270,38 @@ void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* out, int64_t co
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorHeader> headers;
+  for (const auto& [name, t] : tensors) {
+    HONE_CHECK(t.device == Device::CPU, "tensor '{}' written to {} is not in host memory", name, path);
+    headers.push_back({name, t.dtype, t.shape});
+  }
+  write_safetensors(
+      path, headers,
+      [&](const ByteWriter& write) {
+        for (const auto& [name, t] : tensors) write(t.data, t.bytes());
+      },
+      metadata);
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorHeader>& tensors,
+                       const std::function<void(const ByteWriter&)>& write_data,
+                       const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, dtype, shape_of] : tensors) {
     if (name == "__metadata__" || !names.insert(name).second)
       fail("cannot write {}: tensor name '{}' is reserved or used twice", path, name);
-    HONE_CHECK(t.device == Device::CPU, "tensor '{}' written to {} is not in host memory", name, path);
     nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int i = 0; i < t.shape.rank; ++i) shape.push_back(t.shape[i]);
+    for (int i = 0; i < shape_of.rank; ++i) shape.push_back(shape_of[i]);
+    const uint64_t bytes = uint64_t(shape_of.numel()) * dtype_size(dtype);
     nlohmann::ordered_json entry;
-    entry["dtype"] = std::string(dtype_name(t.dtype));
+    entry["dtype"] = std::string(dtype_name(dtype));
     entry["shape"] = std::move(shape);
-    entry["data_offsets"] = nlohmann::ordered_json::array({offset, offset + t.bytes()});
+    entry["data_offsets"] = nlohmann::ordered_json::array({offset, offset + bytes});
     header[name] = std::move(entry);
-    offset += t.bytes();
+    offset += bytes;
   }
   std::string text;
   try {
@@ -300,7 +316,12 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   AtomicWriter w(path);
   w.write(&n, 8);
   w.write(text.data(), text.size());
-  for (const auto& [name, t] : tensors) w.write(t.data, t.bytes());
+  uint64_t written = 0;
+  write_data([&](const void* data, size_t bytes) {
+    w.write(data, bytes);
+    written += bytes;
+  });
+  if (written != offset) fail("cannot write {}: {} bytes of tensor data for {} declared", path, written, offset);
   w.commit();
 }
 

@@ -183,13 +183,19 @@ ModelSource resolve_model(const std::string& name_or_path) {
 }
 
 void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights) {
+  save_pretrained(dir, c, layout, [&](const ByteWriter& write) {
+    for (const auto& e : layout.entries()) write(weights + e.offset, size_t(e.shape.numel()) * sizeof(float));
+  });
+}
+
+void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout,
+                     const std::function<void(const ByteWriter&)>& write_parameters) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) fail("cannot create output directory {}: {}", dir, ec.message());
-  std::vector<NamedTensor> tensors;
-  for (const auto& e : layout.entries())
-    tensors.push_back({e.name, Tensor{const_cast<float*>(weights) + e.offset, DType::F32, e.shape, Device::CPU}});
-  write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors);
+  std::vector<TensorHeader> tensors;
+  for (const auto& e : layout.entries()) tensors.push_back({e.name, DType::F32, e.shape});
+  write_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors, write_parameters);
   c.save((std::filesystem::path(dir) / "config.json").string());
 }
 

@@ -1,5 +1,6 @@
 #include "hone/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "hone/ops.h"
@@ -222,6 +223,40 @@ void TrainingRun::init_weights(uint64_t seed) {
   }
   if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
   be_.synchronize();
+}
+
+void TrainingRun::save_model(const std::string& dir, int64_t chunk_floats) {
+  HONE_CHECK(chunk_floats > 0, "save_model with chunks of {} floats", chunk_floats);
+  const ParamLayout& layout = model_->layout();
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // (first parameter, count), in file order
+  int64_t largest = 0;
+  for (const ParamEntry& e : layout.entries())
+    for (int64_t at = 0, n = e.shape.numel(); at < n; at += chunk_floats) {
+      pieces.push_back({e.offset + at, std::min(chunk_floats, n - at)});
+      largest = std::max(largest, pieces.back().second);
+    }
+  struct HostChunk {
+    Backend& be;
+    void* p;
+    ~HostChunk() { be.deallocate_host(p); }
+  };
+  const size_t bytes = size_t(std::max<int64_t>(largest, 1)) * sizeof(float);
+  HostChunk chunk[2] = {{be_, be_.allocate_host(bytes)}, {be_, be_.allocate_host(bytes)}};
+  auto start = [&](size_t i) {
+    Tensor src = model_->weights();
+    src.data = src.f32() + pieces[i].first;
+    src.shape = Shape{pieces[i].second};
+    Tensor dst = host_tensor(chunk[i % 2].p, DType::F32, src.shape);
+    ops::copy(be_, src, dst);
+  };
+  save_pretrained(dir, model_->config(), layout, [&](const ByteWriter& write) {
+    if (!pieces.empty()) start(0);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      be_.wait_for_reads();  // piece i has landed; its other buffer's piece was written
+      if (i + 1 < pieces.size()) start(i + 1);
+      write(chunk[i % 2].p, size_t(pieces[i].second) * sizeof(float));
+    }
+  });
 }
 
 void TrainingRun::read_weights(float* host) {

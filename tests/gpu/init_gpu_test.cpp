@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "hone/cuda.h"
 #include "hone/trainer.h"
 #include "hone/weights.h"
+#include "test_util.h"
 
 namespace hone {
 namespace {
@@ -41,6 +44,29 @@ TEST(CudaInit, DrawsTheHostsWeights) {
       ASSERT_EQ(bits[i], rounded) << i;
     }
   }
+}
+
+// The streamed save from the device (page-locked pieces, each copy overlapping the last
+// piece's write) writes the file a host copy of the weights gives.
+TEST(CudaInit, StreamedSaveFromTheDeviceEqualsTheHostSave) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  auto be = make_cuda_backend({});
+  const BertConfig c = *builtin_config("bert-mini");
+  TrainingArguments a;
+  a.per_device_train_batch_size = 2;
+  TrainingRun run(a, c, 32, *be);
+  run.init_weights(77);
+  std::vector<float> w(size_t(run.model().layout().count()));
+  init_weights(c, run.model().layout(), w.data(), 77);
+  test::TempDir dir;
+  save_pretrained(dir.path + "/host", c, run.model().layout(), w.data());
+  run.save_model(dir.path + "/device", 100000);
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(bytes(dir.path + "/device/model.safetensors"), bytes(dir.path + "/host/model.safetensors"));
 }
 
 }  // namespace
