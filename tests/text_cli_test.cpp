@@ -290,6 +290,25 @@ TEST(TextTraining, PredictNeverWritesANonFiniteResult) {
   EXPECT_TRUE(fs::exists(pred + "/predictions.jsonl"));
 }
 
+// Text files with bytes that are no text: errors naming the file, the line and the
+// column, from the command line.
+TEST(TextTraining, BadTextFilesNameTheFileLineAndColumn) {
+  TextSetup s;
+  const std::string base = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
+                           " --text_column text --max_steps 1 --output_dir " + s.dir.path + "/out --train_file ";
+  auto file = [&](const std::string& name, const std::string& content) {
+    std::ofstream(s.dir.path + "/" + name, std::ios::binary) << content;
+    return s.dir.path + "/" + name;
+  };
+  using namespace std::string_literals;
+  Result r = hone(base + file("nul.csv", "text,label\nthe film was good .,pos\nthe fi\0lm,neg\n"s));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "nul.csv:3: column 1 (\"text\"), byte 7 of the field: a NUL byte")) << r.out;
+  r = hone(base + file("latin1.tsv", "label\ttext\npos\tthe film was good .\nneg\tcaf\xE9 .\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "latin1.tsv:3: column 2 (\"text\"), byte 4 of the field: invalid UTF-8 (0xe9)")) << r.out;
+}
+
 TEST(TextTraining, ResumeFromLastContinuesTheRun) {
   TextSetup s;
   const std::string train = s.write("train.jsonl", 32, 0), out = s.dir.path + "/out";

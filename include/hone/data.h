@@ -135,12 +135,14 @@ struct TextColumns {
 };
 
 // The rows of a JSONL, CSV or TSV file (by extension: .jsonl/.json, .csv, .tsv), read in
-// full: a malformed line, a missing column or an empty file is an error naming the file
-// and line. Labels are kept as written (JSON numbers in their shortest form).
+// full: a malformed line, a missing column, text that is not UTF-8 or holds a NUL byte,
+// or an empty file is an error naming the file and line (and the column). Labels are kept
+// as written (JSON numbers in their shortest form).
 struct TextTable {
   std::string path;
   std::vector<std::string> text, text_pair, labels;  // labels empty when not required
   std::vector<int64_t> line;                         // 1-based line of each row, for messages
+  std::string label_column;                          // where the labels come from, for messages
 };
 TextTable read_text_table(const std::string& path, const TextColumns& columns, bool require_labels);
 
