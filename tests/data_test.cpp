@@ -621,8 +621,59 @@ TEST(Labels, StringsAreSorted) {
   EXPECT_CONTAINS(e, "\"neutral\"");
   // Booleans as read from JSON sort as run_glue's [False, True].
   EXPECT_EQ(LabelSpace::infer(labels_table({"true", "false"})).names, (std::vector<std::string>{"false", "true"}));
-  // Mixed numbers and words are all names.
-  EXPECT_EQ(LabelSpace::infer(labels_table({"b", "10", "2"})).names, (std::vector<std::string>{"10", "2", "b"}));
+}
+
+// A column of names with a stray number (or numbers with a stray name) is not three
+// classes: an error naming the line of the first value of the rarer kind, and both kinds.
+TEST(Labels, NamesMixedWithNumbersAreAnError) {
+  TextTable t = labels_table({"neg", "pos", "1", "neg", "2"});
+  t.label_column = "label";
+  std::string e = error_of([&] { LabelSpace::infer(t); });
+  EXPECT_CONTAINS(e, "train.jsonl:3:");
+  EXPECT_CONTAINS(e, "\"1\" is a number");
+  EXPECT_CONTAINS(e, "column \"label\" holds class names");
+  EXPECT_CONTAINS(e, "\"neg\" on line 1");
+  EXPECT_CONTAINS(e, "3 of the 5 rows");
+  // Mostly numbers: the name is the odd one, wherever it is.
+  e = error_of([&] { LabelSpace::infer(labels_table({"pos", "0", "1", "0"})); });
+  EXPECT_CONTAINS(e, "train.jsonl:1:");
+  EXPECT_CONTAINS(e, "\"pos\" is a class name");
+  EXPECT_CONTAINS(e, "holds numbers");
+  EXPECT_CONTAINS(e, "\"0\" on line 2");
+  // Floats count as numbers; on a tie the later kind is the odd one.
+  e = error_of([&] { LabelSpace::infer(labels_table({"0.5", "high"})); });
+  EXPECT_CONTAINS(e, "train.jsonl:2:");
+  EXPECT_CONTAINS(e, "\"high\"");
+  EXPECT_CONTAINS(e, "\"0.5\"");
+  // Booleans from JSON are names, not numbers.
+  EXPECT_CONTAINS(error_of([&] { LabelSpace::infer(labels_table({"true", "false", "1"})); }), "train.jsonl:3:");
+}
+
+// One class leaves a classifier nothing to learn (and a one-output head is a regression in
+// transformers): an error naming the file, the column and the class; unless the model is
+// a regression and the labels are numbers, which are then its targets.
+TEST(Labels, OneClassIsAnErrorUnlessTheModelIsARegression) {
+  TextTable t = labels_table({"pos", "pos", "pos"});
+  t.label_column = "sentiment";
+  std::string e = error_of([&] { LabelSpace::infer(t); });
+  EXPECT_CONTAINS(e, "train.jsonl:");
+  EXPECT_CONTAINS(e, "column \"sentiment\"");
+  EXPECT_CONTAINS(e, "\"pos\"");
+  EXPECT_CONTAINS(e, "one class");
+  EXPECT_CONTAINS(error_of([&] { LabelSpace::infer(t, true); }), "one class");  // names are no regression targets
+  // Integers too: all "1" would otherwise make ids 0 and 1 with no example of 0.
+  for (const char* v : {"1", "0", "7"}) {
+    e = error_of([&] { LabelSpace::infer(labels_table({v, v})); });
+    EXPECT_CONTAINS(e, "one class");
+    EXPECT_CONTAINS(e, "regression");  // how to make it one
+    const LabelSpace r = LabelSpace::infer(labels_table({v, v}), true);
+    EXPECT_TRUE(r.regression) << v;
+    EXPECT_EQ(r.encode(v, "x"), std::stof(v));
+  }
+  // Floats are a regression anyway, one value or many.
+  EXPECT_TRUE(LabelSpace::infer(labels_table({"2.5", "2.5"})).regression);
+  // Two classes with a regression model stay a classification (as run_glue decides from the data).
+  EXPECT_FALSE(LabelSpace::infer(labels_table({"0", "1"}), true).regression);
 }
 
 TEST(Labels, IntegersKeepTheirValues) {

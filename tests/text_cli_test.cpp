@@ -290,8 +290,8 @@ TEST(TextTraining, PredictNeverWritesANonFiniteResult) {
   EXPECT_TRUE(fs::exists(pred + "/predictions.jsonl"));
 }
 
-// Text files with bytes that are no text: errors naming the file, the line and the
-// column, from the command line.
+// Text files with bytes that are no text, labels of two kinds, or one class: errors
+// naming the file, the line and the column, from the command line.
 TEST(TextTraining, BadTextFilesNameTheFileLineAndColumn) {
   TextSetup s;
   const std::string base = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
@@ -307,6 +307,27 @@ TEST(TextTraining, BadTextFilesNameTheFileLineAndColumn) {
   r = hone(base + file("latin1.tsv", "label\ttext\npos\tthe film was good .\nneg\tcaf\xE9 .\n"));
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(has(r.out, "latin1.tsv:3: column 2 (\"text\"), byte 4 of the field: invalid UTF-8 (0xe9)")) << r.out;
+  r = hone(base + file("mixed.csv", "text,label\ngood .,pos\nbad .,neg\nfine .,1\nawful .,neg\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "mixed.csv:4: the label \"1\" is a number, but column \"label\" holds class names")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"pos\" on line 2")) << r.out;
+  r = hone(base + file("one.jsonl", R"({"text": "good .", "label": "pos"})" "\n" R"({"text": "great .", "label": "pos"})"
+                                    "\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "one.jsonl: every label in column \"label\" is \"pos\": the data has one class")) << r.out;
+  EXPECT_FALSE(has(r.out, "classifier.weight")) << r.out;
+  // For a regression model, integer labels all alike are its targets.
+  BertConfig c = BertConfig::load(s.model + "/config.json");
+  c.num_labels = 1;
+  c.id2label = {"LABEL_0"};
+  c.problem_type = "regression";
+  const std::string reg = test::save_random_model(s.dir.path + "/reg", c, 2);
+  r = hone("train --model_name_or_path " + reg + " --tokenizer_name " + s.tok +
+           " --text_column text --max_steps 1 --output_dir " + s.dir.path + "/reg_out --train_file " +
+           file("three.csv", "text,label\ngood .,3\nbad .,3\n"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "regression targets")) << r.out;
+  EXPECT_EQ(BertConfig::load(s.dir.path + "/reg_out/config.json").problem_type, "regression");
 }
 
 TEST(TextTraining, ResumeFromLastContinuesTheRun) {

@@ -154,8 +154,11 @@ struct LabelSpace {
   // written as floats ("2.5", "1.0") make a regression; non-negative integers keep their
   // values as ids 0..max (unless more than half of those ids would be unused); other
   // labels (strings, or sparse or negative integers by value) are sorted (as run_glue does).
-  // Throws when there are no labels.
-  static LabelSpace infer(const TextTable& train);
+  // Throws when there are no labels, when class names are mixed with numbers (naming the
+  // line of the first value of the rarer kind), and when every label is the same class,
+  // unless regression_model (the model's config is a regression) and that label is an
+  // integer: then the labels are regression targets.
+  static LabelSpace infer(const TextTable& train, bool regression_model = false);
   // A label's id (or value, for regression); nullopt for a label outside the set.
   std::optional<float> find(const std::string& label) const;
   // The same, where an unknown label is an error naming where.
