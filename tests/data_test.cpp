@@ -22,6 +22,7 @@ namespace hone {
 namespace {
 
 using test::TempDir;
+using namespace std::string_literals;
 
 // The message of the hone::Error that f throws ("" and a test failure when none).
 template <typename F>
@@ -517,6 +518,73 @@ TEST(TextTable, CsvErrorsNameTheLine) {
   EXPECT_EQ(read_text_table(write_file(dir, "n.csv", "sentence\nx\n"), columns("sentence"), false).text.size(), 1u);
 }
 
+// A NUL byte is no text (Python's csv module: "line contains NUL"): an error naming the
+// line of the byte, the column by number and name, and the byte in the field.
+TEST(TextTable, CsvNulByteNamesTheLineAndColumn) {
+  TempDir dir;
+  auto err = [&](const std::string& name, const std::string& content, const TextColumns& c = columns("sentence")) {
+    return error_of([&] { read_text_table(write_file(dir, name, content), c, true); });
+  };
+  std::string e = err("nul.csv", "id,sentence,label\n1,fine,pos\n2,the fi\0lm,neg\n"s);
+  EXPECT_CONTAINS(e, "nul.csv:3:");
+  EXPECT_CONTAINS(e, "column 2 (\"sentence\")");
+  EXPECT_CONTAINS(e, "byte 7 of the field");
+  EXPECT_CONTAINS(e, "NUL byte");
+  // In a quoted field over two lines: the line of the byte, not the line the row starts on.
+  e = err("nul.tsv", "sentence\tlabel\n\"two\nli\0nes\"\tpos\n"s);
+  EXPECT_CONTAINS(e, "nul.tsv:3:");
+  EXPECT_CONTAINS(e, "column 1 (\"sentence\")");
+  // In the label and in the pair.
+  e = err("label.csv", "sentence,label\na,pos\nb,n\0g\n"s);
+  EXPECT_CONTAINS(e, "label.csv:3:");
+  EXPECT_CONTAINS(e, "column 2 (\"label\")");
+  e = err("pair.csv", "sentence,label,b\na,pos,\0\n"s, columns("sentence", "b"));
+  EXPECT_CONTAINS(e, "pair.csv:2:");
+  EXPECT_CONTAINS(e, "column 3 (\"b\")");
+  // A UTF-16 file says what it is.
+  e = err("u16.csv", "\xFF\xFEs\0e\0n\0"s);
+  EXPECT_CONTAINS(e, "u16.csv:");
+  EXPECT_CONTAINS(e, "UTF-16");
+}
+
+TEST(TextTable, InvalidUtf8NamesTheLineAndColumn) {
+  TempDir dir;
+  auto err = [&](const std::string& name, const std::string& content, const TextColumns& c = columns("sentence")) {
+    return error_of([&] { read_text_table(write_file(dir, name, content), c, true); });
+  };
+  // Latin-1 "café" on line 4, after a row that spans lines 2 and 3.
+  std::string e = err("latin1.csv", "sentence,label\n\"two\nlines\",pos\ncaf\xE9,neg\n");
+  EXPECT_CONTAINS(e, "latin1.csv:4:");
+  EXPECT_CONTAINS(e, "column 1 (\"sentence\")");
+  EXPECT_CONTAINS(e, "invalid UTF-8");
+  EXPECT_CONTAINS(e, "0xe9");
+  EXPECT_CONTAINS(e, "byte 4 of the field");
+  // A surrogate, an overlong form and a truncated sequence, as the tokenizer rejects them.
+  for (const std::string& bad : {std::string("\xED\xA0\x80"), std::string("\xC0\xAF"), std::string("ab\xC3")}) {
+    e = err("bad.tsv", "x\tsentence\tlabel\n1\tok\tpos\n2\t" + bad + "\tneg\n");
+    EXPECT_CONTAINS(e, "bad.tsv:3:");
+    EXPECT_CONTAINS(e, "column 2 (\"sentence\")");
+    EXPECT_CONTAINS(e, "invalid UTF-8");
+  }
+  // In the header.
+  e = err("header.csv", "sentence,lab\xFF\n");
+  EXPECT_CONTAINS(e, "header.csv:1:");
+  EXPECT_CONTAINS(e, "column 2 of the header");
+  // A column the run does not read is not checked; valid multi-byte text is fine.
+  const TextTable t = read_text_table(
+      write_file(dir, "ok.csv", "note,sentence,label\n\xFF,caf\xC3\xA9 \xF0\x9F\x98\x80,pos\n"), columns("sentence"),
+      true);
+  EXPECT_EQ(t.text, (std::vector<std::string>{"caf\xC3\xA9 \xF0\x9F\x98\x80"}));
+  // JSON Lines: the line, and the byte in it.
+  e = err("latin1.jsonl", "{\"sentence\": \"ok\", \"label\": 1}\n{\"sentence\": \"caf\xE9\", \"label\": 1}\n");
+  EXPECT_CONTAINS(e, "latin1.jsonl:2:");
+  EXPECT_CONTAINS(e, "byte 18 of the line");
+  EXPECT_CONTAINS(e, "invalid UTF-8");
+  e = err("nul.jsonl", "{\"sentence\": \"a\0\", \"label\": 1}\n"s);
+  EXPECT_CONTAINS(e, "nul.jsonl:1:");
+  EXPECT_CONTAINS(e, "NUL byte");
+}
+
 TEST(TextTable, FileErrors) {
   TempDir dir;
   EXPECT_CONTAINS(error_of([&] { read_text_table(dir.path + "/missing.csv", columns("sentence"), true); }),
@@ -553,8 +621,59 @@ TEST(Labels, StringsAreSorted) {
   EXPECT_CONTAINS(e, "\"neutral\"");
   // Booleans as read from JSON sort as run_glue's [False, True].
   EXPECT_EQ(LabelSpace::infer(labels_table({"true", "false"})).names, (std::vector<std::string>{"false", "true"}));
-  // Mixed numbers and words are all names.
-  EXPECT_EQ(LabelSpace::infer(labels_table({"b", "10", "2"})).names, (std::vector<std::string>{"10", "2", "b"}));
+}
+
+// A column of names with a stray number (or numbers with a stray name) is not three
+// classes: an error naming the line of the first value of the rarer kind, and both kinds.
+TEST(Labels, NamesMixedWithNumbersAreAnError) {
+  TextTable t = labels_table({"neg", "pos", "1", "neg", "2"});
+  t.label_column = "label";
+  std::string e = error_of([&] { LabelSpace::infer(t); });
+  EXPECT_CONTAINS(e, "train.jsonl:3:");
+  EXPECT_CONTAINS(e, "\"1\" is a number");
+  EXPECT_CONTAINS(e, "column \"label\" holds class names");
+  EXPECT_CONTAINS(e, "\"neg\" on line 1");
+  EXPECT_CONTAINS(e, "3 of the 5 rows");
+  // Mostly numbers: the name is the odd one, wherever it is.
+  e = error_of([&] { LabelSpace::infer(labels_table({"pos", "0", "1", "0"})); });
+  EXPECT_CONTAINS(e, "train.jsonl:1:");
+  EXPECT_CONTAINS(e, "\"pos\" is a class name");
+  EXPECT_CONTAINS(e, "holds numbers");
+  EXPECT_CONTAINS(e, "\"0\" on line 2");
+  // Floats count as numbers; on a tie the later kind is the odd one.
+  e = error_of([&] { LabelSpace::infer(labels_table({"0.5", "high"})); });
+  EXPECT_CONTAINS(e, "train.jsonl:2:");
+  EXPECT_CONTAINS(e, "\"high\"");
+  EXPECT_CONTAINS(e, "\"0.5\"");
+  // Booleans from JSON are names, not numbers.
+  EXPECT_CONTAINS(error_of([&] { LabelSpace::infer(labels_table({"true", "false", "1"})); }), "train.jsonl:3:");
+}
+
+// One class leaves a classifier nothing to learn (and a one-output head is a regression in
+// transformers): an error naming the file, the column and the class; unless the model is
+// a regression and the labels are numbers, which are then its targets.
+TEST(Labels, OneClassIsAnErrorUnlessTheModelIsARegression) {
+  TextTable t = labels_table({"pos", "pos", "pos"});
+  t.label_column = "sentiment";
+  std::string e = error_of([&] { LabelSpace::infer(t); });
+  EXPECT_CONTAINS(e, "train.jsonl:");
+  EXPECT_CONTAINS(e, "column \"sentiment\"");
+  EXPECT_CONTAINS(e, "\"pos\"");
+  EXPECT_CONTAINS(e, "one class");
+  EXPECT_CONTAINS(error_of([&] { LabelSpace::infer(t, true); }), "one class");  // names are no regression targets
+  // Integers too: all "1" would otherwise make ids 0 and 1 with no example of 0.
+  for (const char* v : {"1", "0", "7"}) {
+    e = error_of([&] { LabelSpace::infer(labels_table({v, v})); });
+    EXPECT_CONTAINS(e, "one class");
+    EXPECT_CONTAINS(e, "regression");  // how to make it one
+    const LabelSpace r = LabelSpace::infer(labels_table({v, v}), true);
+    EXPECT_TRUE(r.regression) << v;
+    EXPECT_EQ(r.encode(v, "x"), std::stof(v));
+  }
+  // Floats are a regression anyway, one value or many.
+  EXPECT_TRUE(LabelSpace::infer(labels_table({"2.5", "2.5"})).regression);
+  // Two classes with a regression model stay a classification (as run_glue decides from the data).
+  EXPECT_FALSE(LabelSpace::infer(labels_table({"0", "1"}), true).regression);
 }
 
 TEST(Labels, IntegersKeepTheirValues) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -141,6 +142,51 @@ TEST(Safetensors, ReadF32ConvertsEveryDtype) {
   EXPECT_EQ(read("u8"), (std::vector<float>{3.0f, 2.0f, 0.0f, 255.0f}));
   float out[3];
   EXPECT_THROW(f.read_f32(*f.find("f32"), out, 3), Error);
+}
+
+// read_f32 reports the first NaN or infinity as it copies (F32, BF16, F16), also in the
+// tail of a length that is no multiple of a vector; first_non_finite does the same
+// without a copy.
+TEST(Safetensors, ReadF32FindsTheFirstNonFiniteElement) {
+  TempDir dir;
+  const std::string path = dir.path + "/w.safetensors";
+  const int64_t n = 1003;
+  HostTensor clean(DType::F32, {n}), late(DType::F32, {17, 59}), tail(DType::F32, {n});
+  HostTensor bf16(DType::BF16, {n}), f16(DType::F16, {n}), f16_max(DType::F16, {n}), ids(DType::I32, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    clean.f()[i] = late.f()[i] = tail.f()[i] = float(i) - 500.0f;
+    bf16.t.ptr<uint16_t>()[i] = float_to_bf16(float(i));
+    f16.t.ptr<uint16_t>()[i] = float_to_f16(float(i % 100));
+    f16_max.t.ptr<uint16_t>()[i] = float_to_f16(65504.0f);  // the largest finite half
+    ids.t.ptr<int32_t>()[i] = int32_t(i);
+  }
+  late.f()[900] = std::numeric_limits<float>::infinity();
+  late.f()[700] = std::nanf("");
+  tail.f()[n - 1] = -std::numeric_limits<float>::infinity();
+  bf16.t.ptr<uint16_t>()[5] = 0xFF80;  // -inf
+  f16.t.ptr<uint16_t>()[2] = 0x7E00;   // NaN
+  write_safetensors(path, {{"clean", clean.t}, {"late", late.t}, {"tail", tail.t}, {"bf16", bf16.t}, {"f16", f16.t},
+                           {"f16_max", f16_max.t}, {"ids", ids.t}});
+  SafetensorsFile f(path);
+  std::vector<float> out(size_t(n), 0.0f);
+  auto read = [&](const char* name) { return f.read_f32(*f.find(name), out.data(), n); };
+  EXPECT_EQ(read("clean"), -1);
+  EXPECT_EQ(read("late"), 700);
+  EXPECT_EQ(out[1], -499.0f);  // still copied
+  EXPECT_TRUE(std::isinf(out[900]));
+  EXPECT_EQ(read("tail"), n - 1);
+  EXPECT_EQ(read("bf16"), 5);
+  EXPECT_EQ(out[4], 4.0f);
+  EXPECT_EQ(read("f16"), 2);
+  EXPECT_EQ(read("f16_max"), -1);
+  EXPECT_EQ(out[0], 65504.0f);
+  EXPECT_EQ(read("ids"), -1);
+  for (const char* name : {"clean", "late", "tail", "bf16", "f16", "f16_max", "ids"}) {
+    const int64_t copied = f.read_f32(*f.find(name), out.data(), n);
+    EXPECT_EQ(first_non_finite(*f.find(name)), copied) << name;
+  }
+  EXPECT_EQ(element_index({17, 59}, 700), "[11, 51] (element 700 in order)");
+  EXPECT_EQ(element_index({1003}, 5), "[5]");
 }
 
 TEST(Safetensors, ReadsUnalignedData) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "hone/checkpoint.h"
@@ -214,6 +215,119 @@ TEST(TextTraining, BadDataIsAClearErrorWithTheLine) {
   r = hone(base + train + " --do_eval");  // evaluation without a validation file
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_TRUE(has(r.out, "--validation_file")) << r.out;
+}
+
+// Sets element `index` of an F32 tensor of a safetensors file, in place.
+void set_weight(const std::string& path, const std::string& tensor, int64_t index, float value) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  const nlohmann::json h = nlohmann::json::parse(header);
+  ASSERT_EQ(h.at(tensor).at("dtype"), "F32");
+  f.seekp(std::streamoff(8 + n + h.at(tensor).at("data_offsets")[0].get<uint64_t>() + uint64_t(index) * 4));
+  f.write(reinterpret_cast<const char*>(&value), 4);
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// A NaN in one weight is an error as the file loads, naming the file, the tensor and the
+// element, for predict, for train (not a divergence blamed on the learning rate) and
+// for a resumed checkpoint.
+TEST(TextTraining, PoisonedWeightsAreAnErrorNamingTheTensor) {
+  TextSetup s;
+  const std::string bad = s.dir.path + "/bad", test = s.write("test.jsonl", 4, 0), train = s.write("train.jsonl", 8, 0);
+  fs::copy(s.model, bad);
+  // hidden 16: element 37 of a [16, 16] matrix is row 2, column 5.
+  set_weight(bad + "/model.safetensors", "bert.encoder.layer.1.attention.output.dense.weight", 37, std::nanf(""));
+  Result r = hone("predict --model_name_or_path " + bad + " --tokenizer_name " + s.tok + " --test_file " + test +
+                  " --text_column text --output_dir " + s.dir.path + "/pred");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "hone: error: " + bad + "/model.safetensors: ")) << r.out;
+  EXPECT_TRUE(has(r.out, "'bert.encoder.layer.1.attention.output.dense.weight'")) << r.out;
+  EXPECT_TRUE(has(r.out, "NaN at [2, 5]")) << r.out;
+  EXPECT_FALSE(fs::exists(s.dir.path + "/pred/predictions.jsonl"));
+  const std::string base = "train --tokenizer_name " + s.tok + " --train_file " + train +
+                           " --text_column text --per_device_train_batch_size 4 --output_dir " + s.dir.path + "/out";
+  r = hone(base + " --max_steps 1 --model_name_or_path " + bad);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "'bert.encoder.layer.1.attention.output.dense.weight'")) << r.out;
+  EXPECT_FALSE(has(r.out, "learning_rate")) << r.out;
+
+  // A checkpoint's weights go through the same check when a run resumes from it.
+  r = hone(base + " --max_steps 2 --save_steps 1 --model_name_or_path " + s.model);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string ck = checkpoint_path(s.dir.path + "/out", 1);
+  set_weight(ck + "/model.safetensors", "classifier.bias", 1, std::numeric_limits<float>::infinity());
+  r = hone(base + " --max_steps 2 --save_steps 1 --model_name_or_path " + s.model + " --resume_from_checkpoint " + ck);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, ck + "/model.safetensors: tensor 'classifier.bias' holds +inf at [1]")) << r.out;
+}
+
+// Weights that load finite can still overflow on an input: predict names the row's line
+// and writes nothing, rather than a file of null probabilities.
+TEST(TextTraining, PredictNeverWritesANonFiniteResult) {
+  TextSetup s;
+  const std::string big = s.dir.path + "/big", test = s.dir.path + "/test.jsonl", pred = s.dir.path + "/pred";
+  fs::copy(s.model, big);
+  // tanh saturates to 1 in every pooler output; 16 x 3e38 overflows the first logit.
+  for (int i = 0; i < 16; ++i) {
+    set_weight(big + "/model.safetensors", "bert.pooler.dense.bias", i, 1e30f);
+    set_weight(big + "/model.safetensors", "classifier.weight", i, 3e38f);
+  }
+  std::ofstream(test) << "\n" << R"({"text": "the film was good ."})" "\n" << R"({"text": "bad ."})" "\n";
+  Result r = hone("predict --model_name_or_path " + big + " --tokenizer_name " + s.tok + " --test_file " + test +
+                  " --text_column text --output_dir " + pred);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "hone: error: " + test + ":2: ")) << r.out;  // line 1 is blank
+  EXPECT_TRUE(has(r.out, "not finite")) << r.out;
+  EXPECT_TRUE(has(r.out, "inf")) << r.out;
+  EXPECT_FALSE(fs::exists(pred + "/predictions.jsonl"));
+  // The model as it was predicts.
+  r = hone("predict --model_name_or_path " + s.model + " --tokenizer_name " + s.tok + " --test_file " + test +
+           " --text_column text --output_dir " + pred);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(pred + "/predictions.jsonl"));
+}
+
+// Text files with bytes that are no text, labels of two kinds, or one class: errors
+// naming the file, the line and the column, from the command line.
+TEST(TextTraining, BadTextFilesNameTheFileLineAndColumn) {
+  TextSetup s;
+  const std::string base = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
+                           " --text_column text --max_steps 1 --output_dir " + s.dir.path + "/out --train_file ";
+  auto file = [&](const std::string& name, const std::string& content) {
+    std::ofstream(s.dir.path + "/" + name, std::ios::binary) << content;
+    return s.dir.path + "/" + name;
+  };
+  using namespace std::string_literals;
+  Result r = hone(base + file("nul.csv", "text,label\nthe film was good .,pos\nthe fi\0lm,neg\n"s));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "nul.csv:3: column 1 (\"text\"), byte 7 of the field: a NUL byte")) << r.out;
+  r = hone(base + file("latin1.tsv", "label\ttext\npos\tthe film was good .\nneg\tcaf\xE9 .\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "latin1.tsv:3: column 2 (\"text\"), byte 4 of the field: invalid UTF-8 (0xe9)")) << r.out;
+  r = hone(base + file("mixed.csv", "text,label\ngood .,pos\nbad .,neg\nfine .,1\nawful .,neg\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "mixed.csv:4: the label \"1\" is a number, but column \"label\" holds class names")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"pos\" on line 2")) << r.out;
+  r = hone(base + file("one.jsonl", R"({"text": "good .", "label": "pos"})" "\n" R"({"text": "great .", "label": "pos"})"
+                                    "\n"));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "one.jsonl: every label in column \"label\" is \"pos\": the data has one class")) << r.out;
+  EXPECT_FALSE(has(r.out, "classifier.weight")) << r.out;
+  // For a regression model, integer labels all alike are its targets.
+  BertConfig c = BertConfig::load(s.model + "/config.json");
+  c.num_labels = 1;
+  c.id2label = {"LABEL_0"};
+  c.problem_type = "regression";
+  const std::string reg = test::save_random_model(s.dir.path + "/reg", c, 2);
+  r = hone("train --model_name_or_path " + reg + " --tokenizer_name " + s.tok +
+           " --text_column text --max_steps 1 --output_dir " + s.dir.path + "/reg_out --train_file " +
+           file("three.csv", "text,label\ngood .,3\nbad .,3\n"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "regression targets")) << r.out;
+  EXPECT_EQ(BertConfig::load(s.dir.path + "/reg_out/config.json").problem_type, "regression");
 }
 
 TEST(TextTraining, ResumeFromLastContinuesTheRun) {

@@ -135,12 +135,14 @@ struct TextColumns {
 };
 
 // The rows of a JSONL, CSV or TSV file (by extension: .jsonl/.json, .csv, .tsv), read in
-// full: a malformed line, a missing column or an empty file is an error naming the file
-// and line. Labels are kept as written (JSON numbers in their shortest form).
+// full: a malformed line, a missing column, text that is not UTF-8 or holds a NUL byte,
+// or an empty file is an error naming the file and line (and the column). Labels are kept
+// as written (JSON numbers in their shortest form).
 struct TextTable {
   std::string path;
   std::vector<std::string> text, text_pair, labels;  // labels empty when not required
   std::vector<int64_t> line;                         // 1-based line of each row, for messages
+  std::string label_column;                          // where the labels come from, for messages
 };
 TextTable read_text_table(const std::string& path, const TextColumns& columns, bool require_labels);
 
@@ -152,8 +154,11 @@ struct LabelSpace {
   // written as floats ("2.5", "1.0") make a regression; non-negative integers keep their
   // values as ids 0..max (unless more than half of those ids would be unused); other
   // labels (strings, or sparse or negative integers by value) are sorted (as run_glue does).
-  // Throws when there are no labels.
-  static LabelSpace infer(const TextTable& train);
+  // Throws when there are no labels, when class names are mixed with numbers (naming the
+  // line of the first value of the rarer kind), and when every label is the same class,
+  // unless regression_model (the model's config is a regression) and that label is an
+  // integer: then the labels are regression targets.
+  static LabelSpace infer(const TextTable& train, bool regression_model = false);
   // A label's id (or value, for regression); nullopt for a label outside the set.
   std::optional<float> find(const std::string& label) const;
   // The same, where an unknown label is an error naming where.

@@ -38,8 +38,10 @@ class SafetensorsFile {
   const SafetensorsEntry* find(const std::string& name) const;  // null if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Copies an entry into F32 memory of `count` floats, converting F16/BF16/F32 (and
-  // integer dtypes) to float. Throws if the element count differs.
-  void read_f32(const SafetensorsEntry& e, float* out, int64_t count) const;
+  // integer dtypes) to float. Throws if the element count differs. Returns the index of
+  // the first element that is NaN or infinite, or -1 when all are finite (the test rides
+  // along with the copy).
+  int64_t read_f32(const SafetensorsEntry& e, float* out, int64_t count) const;
 
  private:
   std::string path_;
@@ -48,6 +50,13 @@ class SafetensorsFile {
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The index of an entry's first NaN or infinite element (F32, BF16, F16; integers are
+// always finite), or -1: one vectorised pass over the mapped bytes.
+int64_t first_non_finite(const SafetensorsEntry& e);
+// A flat element index as a message shows it: "[3, 17] (element 65 in order)" for a
+// matrix, "[65]" for a vector.
+std::string element_index(const std::vector<int64_t>& shape, int64_t flat);
 
 struct NamedTensor {
   std::string name;

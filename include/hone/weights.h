@@ -42,7 +42,8 @@ struct LoadReport {
 // unless ignore_mismatched_sizes (transformers' flag of that name): then it is
 // initialised anew. As in transformers, a missing task head (the pooler, the classifier)
 // is initialised as init_weights does; a missing embedding or encoder tensor is an error
-// naming the file, how many are missing and the first of them.
+// naming the file, how many are missing and the first of them. A NaN or infinite value
+// is an error naming the file, the tensor and the element (checked as the tensor is copied).
 LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
                         uint64_t seed, bool ignore_mismatched_sizes = false);
 

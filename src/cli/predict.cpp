@@ -1,7 +1,9 @@
 // `hone predict`: one JSON line per example of --test_file, with the label and the
 // probabilities (or the predicted value of a regression) and the raw logits.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -32,9 +34,18 @@ int predict_command(const TrainingArguments& a) {
   std::vector<float> logits;
   nlohmann::ordered_json m = evaluate(run, *in.test, a, "predict", &logits);
   const int C = cfg.num_labels;
+  const auto* text = dynamic_cast<const TextDataset*>(in.test.get());
   std::string out;
   for (int64_t i = 0; i < in.test->size(); ++i) {
     const float* z = &logits[size_t(i) * C];
+    // A NaN is never a prediction: weights that load finite can still overflow on an input.
+    if (!std::all_of(z, z + C, [](float v) { return std::isfinite(v); }))
+      fail("{}: the model's output for this row is not finite (logits {}); no predictions written{}",
+           text && size_t(i) < text->table().line.size()
+               ? fmt::format("{}:{}", text->table().path, text->table().line[size_t(i)])
+               : fmt::format("{} (row {})", a.test_file, i + 1),
+           fmt::format("[{}]", fmt::join(z, z + C, ", ")),
+           a.fp16 ? " (fp16 overflows past 65504: try --bf16, or neither)" : "");
     nlohmann::ordered_json line;
     if (in.labels.regression) {
       line["prediction"] = z[0];

@@ -100,7 +100,8 @@ RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_
   if (read_train && !a.train_file.empty()) {
     TextTable table = read_text_table(a.train_file, cols, true);
     // A model fine-tuned before keeps its label ids; a new head takes the data's labels.
-    in.labels = names_its_labels(cfg) ? labels_of(cfg) : LabelSpace::infer(table);
+    in.labels = names_its_labels(cfg) ? labels_of(cfg)
+                                      : LabelSpace::infer(table, cfg.resolved_problem_type() == "regression");
     apply_labels(in.labels, cfg);
     in.train = std::make_unique<TextDataset>(std::move(table), in.tokenizer, in.labels, in.seq_len, true);
   } else {

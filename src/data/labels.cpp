@@ -43,22 +43,48 @@ std::string name_list(const std::vector<std::string>& names) {
 
 }  // namespace
 
-LabelSpace LabelSpace::infer(const TextTable& train) {
+LabelSpace LabelSpace::infer(const TextTable& train, bool regression_model) {
   if (train.labels.empty()) fail("{}: no labels to learn the label set from", train.path);
-  auto where = [&](size_t i) { return i < train.line.size() ? fmt::format("{}:{}", train.path, train.line[i]) : train.path; };
+  auto where = [&](size_t i) {
+    return i < train.line.size() ? fmt::format("{}:{}", train.path, train.line[i]) : train.path;
+  };
+  auto line_of = [&](size_t i) {
+    return i < train.line.size() ? fmt::format("line {}", train.line[i]) : fmt::format("row {}", i + 1);
+  };
+  const std::string column =
+      train.label_column.empty() ? "the label column" : fmt::format("column \"{}\"", train.label_column);
   // As pandas types the column: all integers -> int64, all numbers -> float64 (a
-  // regression, as run_glue decides from the dtype), anything else -> strings.
-  bool all_int = true, all_numbers = true;
-  for (const std::string& l : train.labels) {
+  // regression, as run_glue decides from the dtype), all else -> strings. Names mixed with
+  // numbers would be an object column of both, each its own class: almost surely a data
+  // bug (a stray id among names, or a name among ids), so an error naming the value of
+  // the kind that is the fewer.
+  const size_t n = train.labels.size();
+  bool all_int = true;
+  size_t numbers = 0, first_number = n, first_name = n;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& l = train.labels[i];
     int64_t iv;
     double dv;
-    if (parse_int(l, iv)) continue;
-    all_int = false;
-    if (!parse_number(l, dv)) {
-      all_numbers = false;
-      break;
+    if (parse_int(l, iv) || parse_number(l, dv)) {
+      all_int = all_int && parse_int(l, iv);
+      ++numbers;
+      first_number = std::min(first_number, i);
+    } else {
+      first_name = std::min(first_name, i);
     }
   }
+  if (numbers > 0 && numbers < n) {
+    const size_t names = n - numbers;
+    const bool odd_is_number = numbers < names || (numbers == names && first_number > first_name);
+    const size_t odd = odd_is_number ? first_number : first_name, usual = odd_is_number ? first_name : first_number;
+    fail("{}: the label \"{}\" is {}, but {} holds {} elsewhere (\"{}\" on {}; {} of the {} rows); a label column "
+         "holds class names or numbers, not both",
+         where(odd), train.labels[odd], odd_is_number ? "a number" : "a class name", column,
+         odd_is_number ? "class names" : "numbers", train.labels[usual], line_of(usual),
+         odd_is_number ? names : numbers, n);
+  }
+  const bool all_numbers = numbers == n;
+  all_int = all_int && all_numbers;
   LabelSpace s;
   if (all_numbers && !all_int) {
     s.regression = true;
@@ -69,12 +95,30 @@ LabelSpace LabelSpace::infer(const TextTable& train) {
     }
     return s;
   }
+  // A classifier learns nothing from one class (and transformers would make a one-label
+  // head a regression): an error, unless the model is a regression, whose targets
+  // these integers then are.
+  auto one_class = [&](const std::string& label) {
+    if (all_int && regression_model) {
+      s.regression = true;
+      return;
+    }
+    fail("{}: every label in {} is \"{}\": the data has one class, and a classifier needs at least two{}", train.path,
+         column, label,
+         all_int ? " (for a regression, write the targets as floats, such as 1.0, or start from a model whose "
+                   "config.json has \"problem_type\": \"regression\")"
+                 : "");
+  };
   if (all_int) {
     std::set<int64_t> values;
     for (const std::string& l : train.labels) {
       int64_t v;
       parse_int(l, v);
       values.insert(v);
+    }
+    if (values.size() == 1) {
+      one_class(train.labels.front());
+      return s;
     }
     const int64_t lo = *values.begin(), hi = *values.rbegin();
     // Class ids 0..K-1 keep their values, also when the training set lacks some of them
@@ -87,6 +131,7 @@ LabelSpace LabelSpace::infer(const TextTable& train) {
     return s;
   }
   std::set<std::string> names(train.labels.begin(), train.labels.end());  // sorted, as run_glue sorts them
+  if (names.size() == 1) one_class(*names.begin());
   s.names.assign(names.begin(), names.end());
   return s;
 }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>
+#include <utf8proc.h>
 
 #include "hone/data.h"
 #include "hone/error.h"
@@ -41,6 +42,28 @@ bool blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
 }
 
+// The offset of the first NUL byte or invalid UTF-8 sequence in s (as the tokenizer
+// decodes it: no overlong forms, surrogates or code points past U+10FFFF), or npos.
+size_t bad_byte(std::string_view s) {
+  const auto* b = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
+  for (size_t at = 0; at < s.size(); ++at) {
+    if (b[at] == 0) return at;
+    if (b[at] < 0x80) continue;
+    utf8proc_int32_t c;
+    const utf8proc_ssize_t n = utf8proc_iterate(b + at, utf8proc_ssize_t(s.size() - at), &c);
+    if (n < 0) return at;
+    at += size_t(n) - 1;
+  }
+  return std::string_view::npos;
+}
+
+// What bad_byte found, for a message.
+std::string bad_byte_text(char c) {
+  if (c == 0) return "a NUL byte, which text files do not hold (is this a binary or a UTF-16 file?)";
+  return fmt::format("invalid UTF-8 (0x{:02x}); hone reads UTF-8 text (re-save the file as UTF-8)",
+                     static_cast<unsigned char>(c));
+}
+
 // ---------------------------------------------------------------- JSON Lines
 
 const std::string& text_field(const json& row, const std::string& column, const std::string& path, int64_t line) {
@@ -63,7 +86,8 @@ std::string label_field(const json& row, const std::string& column, const std::s
   }
   switch (it->type()) {
     case json::value_t::string:
-      if (it->get_ref<const std::string&>().empty()) fail("{}:{}: the label \"{}\" is empty", path, line, column);
+      if (it->get_ref<const std::string&>().empty())
+        fail("{}:{}: the label (field \"{}\") is empty", path, line, column);
       return it->get<std::string>();
     case json::value_t::number_integer:
     case json::value_t::number_unsigned:
@@ -71,9 +95,10 @@ std::string label_field(const json& row, const std::string& column, const std::s
     case json::value_t::boolean:
       return it->dump();
     case json::value_t::null:
-      fail("{}:{}: the label \"{}\" is null", path, line, column);
+      fail("{}:{}: the label (field \"{}\") is null", path, line, column);
     default:
-      fail("{}:{}: the label \"{}\" is {}, not a string, number or boolean", path, line, column, it->type_name());
+      fail("{}:{}: the label (field \"{}\") is {}, not a string, number or boolean", path, line, column,
+           it->type_name());
   }
 }
 
@@ -92,6 +117,9 @@ void read_jsonl(std::string_view data, const TextColumns& c, bool require_labels
     try {
       row = json::parse(l);
     } catch (const json::parse_error& e) {
+      // The parser rejects these too, but says less (and may echo the raw bytes).
+      if (const size_t at = bad_byte(l); at != std::string_view::npos)
+        fail("{}:{}: byte {} of the line: {}", path, line, at + 1, bad_byte_text(l[at]));
       // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." -> "column 5: ..."
       std::string what = e.what();
       const std::string_view marker = "parse error at line 1, ";
@@ -120,6 +148,7 @@ class DelimitedReader {
   DelimitedReader(std::string_view data, char sep, const std::string& path) : d_(data), sep_(sep), path_(path) {}
 
   // The next record and the line it starts on; false at the end of the file.
+  // field_line(i) is then the line field i starts on (a quoted field may span lines).
   bool record(std::vector<std::string>& fields, int64_t& start_line) {
     while (pos_ < d_.size() && eol_length() > 0) {  // blank lines
       pos_ += eol_length();
@@ -128,8 +157,10 @@ class DelimitedReader {
     if (pos_ >= d_.size()) return false;
     start_line = line_;
     fields.clear();
+    starts_.clear();
     for (;;) {
       fields.emplace_back();
+      starts_.push_back(line_);
       std::string& f = fields.back();
       if (pos_ < d_.size() && d_[pos_] == '"') {
         const int64_t open_line = line_;
@@ -169,6 +200,7 @@ class DelimitedReader {
       return true;
     }
   }
+  int64_t field_line(size_t i) const { return starts_[i]; }
 
  private:
   // The length of the line ending at pos_: 1 for LF, 2 for CRLF, 1 for a CR that ends
@@ -193,7 +225,23 @@ class DelimitedReader {
   const std::string& path_;
   size_t pos_ = 0;
   int64_t line_ = 1;
+  std::vector<int64_t> starts_;
 };
+
+// Text must be UTF-8 without NUL bytes, as pandas (UnicodeDecodeError) and Python's csv
+// module ("line contains NUL") require, and as the tokenizer reads it: a field that is
+// not is an error naming the line of the bad byte, the column, and where in the field.
+// (JSON Lines needs no such check: the JSON parser rejects both.)
+void check_text(const std::string& path, const std::vector<std::string>& fields, size_t i, int64_t field_line,
+                const std::string& column_name) {
+  const std::string& f = fields[i];
+  const size_t at = bad_byte(f);
+  if (at == std::string::npos) return;
+  const int64_t line = field_line + std::count(f.begin(), f.begin() + ptrdiff_t(at), '\n');
+  const std::string column = column_name.empty() ? fmt::format("column {} of the header", i + 1)
+                                                 : fmt::format("column {} (\"{}\")", i + 1, column_name);
+  fail("{}:{}: {}, byte {} of the field: {}", path, line, column, at + 1, bad_byte_text(f[at]));
+}
 
 void read_delimited(std::string_view data, char sep, const TextColumns& c, bool require_labels, TextTable& t) {
   const std::string& path = t.path;
@@ -201,6 +249,7 @@ void read_delimited(std::string_view data, char sep, const TextColumns& c, bool 
   std::vector<std::string> header, fields;
   int64_t header_line = 0, line = 0;
   if (!reader.record(header, header_line)) fail("{}: no rows (the file is empty)", path);
+  for (size_t i = 0; i < header.size(); ++i) check_text(path, header, i, reader.field_line(i), "");
   auto column = [&](const std::string& name) {
     const auto it = std::find(header.begin(), header.end(), name);
     if (it == header.end())
@@ -219,10 +268,13 @@ void read_delimited(std::string_view data, char sep, const TextColumns& c, bool 
            fields.size() < header.size() ? ""
            : sep == '\t'                ? " (a tab in a field that is not quoted?)"
                                         : " (a comma in a field that is not quoted?)");
+    check_text(path, fields, text, reader.field_line(text), c.text);
+    if (!c.text_pair.empty()) check_text(path, fields, pair, reader.field_line(pair), c.text_pair);
+    if (require_labels) check_text(path, fields, label, reader.field_line(label), c.label);
     t.text.push_back(std::move(fields[text]));
     if (!c.text_pair.empty()) t.text_pair.push_back(std::move(fields[pair]));
     if (require_labels) {
-      if (fields[label].empty()) fail("{}:{}: the label \"{}\" is empty", path, line, c.label);
+      if (fields[label].empty()) fail("{}:{}: the label (column \"{}\") is empty", path, line, c.label);
       t.labels.push_back(std::move(fields[label]));
     }
     t.line.push_back(line);
@@ -250,6 +302,11 @@ TextTable read_text_table(const std::string& path, const TextColumns& columns, b
   const std::string data = read_file(path);
   std::string_view body = data;
   if (body.substr(0, 3) == "\xEF\xBB\xBF") body.remove_prefix(3);  // UTF-8 byte order mark
+  if (body.substr(0, 2) == "\xFF\xFE" || body.substr(0, 2) == "\xFE\xFF")
+    fail("{}: a UTF-16 file (it starts with a UTF-16 byte order mark); hone reads UTF-8 text (re-save the file as "
+         "UTF-8)",
+         path);
+  t.label_column = require_labels ? columns.label : "";
   switch (format) {
     case Format::Jsonl: read_jsonl(body, columns, require_labels, t); break;
     case Format::Csv: read_delimited(body, ',', columns, require_labels, t); break;

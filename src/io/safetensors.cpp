@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -254,18 +255,105 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
-void SafetensorsFile::read_f32(const SafetensorsEntry& e, float* out, int64_t count) const {
-  if (count != e.numel())
-    fail("{}: tensor '{}' has {} elements ({}), expected {}", path_, e.name, e.numel(), shape_str(e.shape), count);
+namespace {
+
+// Copies n elements into F32 `out` (kCopy) and tells whether any is NaN or infinite: one
+// pass, the test a mask on the exponent bits that the compiler vectorises with the copy.
+template <bool kCopy>
+bool f32_bits(const std::byte* p, float* out, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = load<uint32_t>(p, i);
+    if constexpr (kCopy) std::memcpy(out + i, &b, 4);
+    bad |= uint32_t((b & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad != 0;
+}
+template <bool kCopy>
+bool bf16_bits(const std::byte* p, float* out, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = uint32_t(load<uint16_t>(p, i)) << 16;
+    if constexpr (kCopy) std::memcpy(out + i, &b, 4);
+    bad |= uint32_t((b & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad != 0;
+}
+template <bool kCopy>
+bool f16_bits(const std::byte* p, float* out, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = load<uint16_t>(p, i);
+    if constexpr (kCopy) out[i] = f16_to_float(h);
+    bad |= uint32_t((h & 0x7C00u) == 0x7C00u);
+  }
+  return bad != 0;
+}
+
+template <typename T, bool kCopy>
+bool ints(const std::byte* p, float* out, int64_t n) {  // always finite
+  if constexpr (kCopy)
+    for (int64_t i = 0; i < n; ++i) out[i] = float(load<T>(p, i));
+  return false;
+}
+
+// copy_and_test(e, out, n): the entry's n elements as F32 into out (null: only the test);
+// true when any of them is not finite.
+template <bool kCopy>
+bool copy_and_test(const SafetensorsEntry& e, float* out, int64_t count) {
   const std::byte* p = e.data;
   switch (e.dtype) {
-    case DType::F32: std::memcpy(out, p, size_t(count) * 4); return;
-    case DType::BF16: for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(load<uint16_t>(p, i)); return;
-    case DType::F16: for (int64_t i = 0; i < count; ++i) out[i] = f16_to_float(load<uint16_t>(p, i)); return;
-    case DType::I32: for (int64_t i = 0; i < count; ++i) out[i] = float(load<int32_t>(p, i)); return;
-    case DType::I64: for (int64_t i = 0; i < count; ++i) out[i] = float(load<int64_t>(p, i)); return;
-    case DType::U8: for (int64_t i = 0; i < count; ++i) out[i] = float(load<uint8_t>(p, i)); return;
+    case DType::F32: return f32_bits<kCopy>(p, out, count);
+    case DType::BF16: return bf16_bits<kCopy>(p, out, count);
+    case DType::F16: return f16_bits<kCopy>(p, out, count);
+    case DType::I32: return ints<int32_t, kCopy>(p, out, count);
+    case DType::I64: return ints<int64_t, kCopy>(p, out, count);
+    case DType::U8: return ints<uint8_t, kCopy>(p, out, count);
   }
+  return false;
+}
+
+// The first element that is not finite, once copy_and_test has found one.
+int64_t first_bad(const SafetensorsEntry& e, int64_t count) {
+  const std::byte* p = e.data;
+  for (int64_t i = 0; i < count; ++i) {
+    float v = 0;
+    switch (e.dtype) {
+      case DType::F32: v = load<float>(p, i); break;
+      case DType::BF16: v = bf16_to_float(load<uint16_t>(p, i)); break;
+      case DType::F16: v = f16_to_float(load<uint16_t>(p, i)); break;
+      default: return -1;
+    }
+    if (!std::isfinite(v)) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t SafetensorsFile::read_f32(const SafetensorsEntry& e, float* out, int64_t count) const {
+  if (count != e.numel())
+    fail("{}: tensor '{}' has {} elements ({}), expected {}", path_, e.name, e.numel(), shape_str(e.shape), count);
+  return copy_and_test<true>(e, out, count) ? first_bad(e, count) : -1;
+}
+
+int64_t first_non_finite(const SafetensorsEntry& e) {
+  const int64_t n = e.numel();
+  return copy_and_test<false>(e, nullptr, n) ? first_bad(e, n) : -1;
+}
+
+std::string element_index(const std::vector<int64_t>& shape, int64_t flat) {
+  if (shape.size() <= 1) return fmt::format("[{}]", flat);
+  std::vector<int64_t> at(shape.size());
+  int64_t rest = flat;
+  for (size_t d = shape.size(); d-- > 0;) {
+    const int64_t n = std::max<int64_t>(shape[d], 1);
+    at[d] = rest % n;
+    rest /= n;
+  }
+  std::string s = "[";
+  for (size_t d = 0; d < at.size(); ++d) s += (d ? ", " : "") + std::to_string(at[d]);
+  return s + fmt::format("] (element {} in order)", flat);
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

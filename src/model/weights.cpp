@@ -53,6 +53,11 @@ std::string first_names(const std::vector<std::string>& names) {
   return s;
 }
 
+std::string value_name(float v) {
+  if (std::isnan(v)) return "NaN";
+  return v > 0 ? "+inf" : "-inf";
+}
+
 // The parameter a checkpoint tensor name refers to, or "" if none.
 std::string canonical_name(const std::string& file_name, const ParamLayout& layout) {
   std::string n = file_name;
@@ -117,7 +122,11 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
            path, t.name, got, e.shape.str());
     }
     if (!loaded.insert(name).second) fail("{}: parameter '{}' appears twice (as '{}')", path, name, t.name);
-    file.read_f32(t, weights + e.offset, e.shape.numel());
+    const int64_t bad = file.read_f32(t, weights + e.offset, e.shape.numel());
+    if (bad >= 0)
+      fail("{}: tensor '{}' holds {} at {}: the weights are not finite (a damaged file, or saved from a run that "
+           "diverged)",
+           path, t.name, value_name(weights[e.offset + bad]), element_index(t.shape, bad));
   }
   std::vector<std::string> absent;  // encoder parameters the file has under no name, in no shape
   size_t encoder_tensors = 0;
