@@ -1,6 +1,7 @@
 // Gradient clipping (torch.nn.utils.clip_grad_norm_) and torch.optim.AdamW.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
@@ -122,9 +123,46 @@ void CpuBackend::clip_coefficient(const Tensor& sumsq, float max_norm, Tensor& n
   }
 }
 
+namespace {
+
+// bf16 rounding as float_to_bf16 does it, inline and without branches, so that the update
+// loop vectorises.
+inline uint16_t round_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint32_t rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
+  const uint32_t quiet = (bits >> 16) | 0x40;
+  return uint16_t(f != f ? quiet : rounded);
+}
+
+enum class HalfCopy { None, BF16, F16 };
+
+// One slice's update: the loop is the same for each copy kind, instantiated apart so that
+// none calls through a pointer.
+template <HalfCopy kind>
+void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t n, float clip, float decay,
+                 const AdamWScalars& k) {
+  const float step_size = k.step_size, bias2_sqrt = k.bias2_sqrt, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gp[i] * clip;
+    float p = pp[i] * decay;
+    const float m = mp[i] + w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
+    const float v = vp[i] * b2 + w2 * g * g;
+    const float denom = std::sqrt(v) / bias2_sqrt + eps;
+    p -= step_size * (m / denom);
+    pp[i] = p;
+    mp[i] = m;
+    vp[i] = v;
+    if constexpr (kind == HalfCopy::BF16) hp[i] = round_bf16(p);
+    if constexpr (kind == HalfCopy::F16) hp[i] = float_to_f16(p);
+  }
+}
+
+}  // namespace
+
 void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) {
   const AdamWScalars k = s.scalars ? *reinterpret_cast<const AdamWScalars*>(s.scalars->f32()) : adamw_scalars(s);
-  const float step_size = k.step_size, bias2_sqrt = k.bias2_sqrt, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
   if (norm_coef.f32()[2] != 0) return;  // a skipped step: the gradients overflowed
   const float clip = norm_coef.f32()[1];
   for (int t = 0; t < count; ++t) {
@@ -135,19 +173,14 @@ void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, 
     const int64_t n = x.param.numel();
     // The rounded copy, if any: BF16 or F16 bits.
     uint16_t* hp = x.half.ptr<uint16_t>();
-    if (hp && x.half.dtype != DType::BF16 && x.half.dtype != DType::F16)
+    if (!hp)
+      adamw_slice<HalfCopy::None>(pp, mp, vp, gp, hp, n, clip, decay, k);
+    else if (x.half.dtype == DType::BF16)
+      adamw_slice<HalfCopy::BF16>(pp, mp, vp, gp, hp, n, clip, decay, k);
+    else if (x.half.dtype == DType::F16)
+      adamw_slice<HalfCopy::F16>(pp, mp, vp, gp, hp, n, clip, decay, k);
+    else
       fail("adamw: the rounded copy of the parameters is {}, not BF16 or F16", dtype_name(x.half.dtype));
-    uint16_t (*round)(float) = x.half.dtype == DType::F16 ? float_to_f16 : float_to_bf16;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = gp[i] * clip;
-      pp[i] *= decay;
-      mp[i] += w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
-      vp[i] = vp[i] * b2 + w2 * g * g;
-      const float denom = std::sqrt(vp[i]) / bias2_sqrt + eps;
-      pp[i] -= step_size * (mp[i] / denom);
-      if (hp) hp[i] = round(pp[i]);
-    }
   }
 }
 
