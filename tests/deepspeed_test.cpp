@@ -123,27 +123,26 @@ TEST(DeepSpeedConfig, SchedulerStepCountsFillFromTheRunAndExplicitOnesMustAgree)
   Ds ds;
   TrainingArguments a;
   a.warmup_ratio = 0.1;
-  DeepSpeedConfig c = ds.load(
+  const DeepSpeedConfig c = ds.load(
       R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
           "warmup_num_steps": "auto", "total_num_steps": "auto"}}})",
       a);
-  finish_deepspeed_schedule(c, a, 95);
-  EXPECT_EQ(c.scheduler->warmup_num_steps, 10);  // ceil(0.1 x 95)
-  EXPECT_EQ(c.scheduler->total_num_steps, 95);
+  const DeepSpeedSteps steps = deepspeed_schedule_steps(c, a, 95);
+  EXPECT_EQ(steps.warmup, 10);  // ceil(0.1 x 95)
+  EXPECT_EQ(steps.total, 95);
   EXPECT_EQ(c.scheduler->warmup_max_lr, a.learning_rate);
 
-  DeepSpeedConfig explicit_counts = ds.load(
+  const DeepSpeedConfig explicit_counts = ds.load(
       R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100}}})", a);
   try {
-    finish_deepspeed_schedule(explicit_counts, a, 95);
+    deepspeed_schedule_steps(explicit_counts, a, 95);
     ADD_FAILURE() << "total_num_steps 100 for a run of 95 updates was accepted";
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "total_num_steps=100 vs hone updates of this run=95")) << e.what();
   }
   // Absent, warmup_num_steps is DeepSpeed's default and is not checked.
-  DeepSpeedConfig absent = ds.load(R"({"scheduler": {"type": "WarmupLR"}})", a);
-  finish_deepspeed_schedule(absent, a, 95);
-  EXPECT_EQ(absent.scheduler->warmup_num_steps, 1000);
+  const DeepSpeedConfig absent = ds.load(R"({"scheduler": {"type": "WarmupLR"}})", a);
+  EXPECT_EQ(deepspeed_schedule_steps(absent, a, 95).warmup, 1000);
 }
 
 // DeepSpeed's engine steps its scheduler after each update, starting at iteration -1: the
@@ -153,36 +152,33 @@ TEST(DeepSpeedSchedule, LearningRatesAreDeepSpeedsPerUpdate) {
   log_warmup.type = "WarmupLR";
   log_warmup.warmup_min_lr = 0;
   log_warmup.warmup_max_lr = 1e-3;
-  log_warmup.warmup_num_steps = 10;
-  EXPECT_EQ(deepspeed_learning_rate(log_warmup, 1e-3, 1), 0.0);
-  EXPECT_EQ(deepspeed_learning_rate(log_warmup, 1e-3, 2), 0.0);                          // log(1) = 0
-  EXPECT_NEAR(deepspeed_learning_rate(log_warmup, 1e-3, 3), 1e-3 * 0.301029995663981, 1e-15);  // log 2 / log 10
-  EXPECT_EQ(deepspeed_learning_rate(log_warmup, 1e-3, 12), 1e-3);
-  EXPECT_EQ(deepspeed_learning_rate(log_warmup, 1e-3, 500), 1e-3);
+  const DeepSpeedSteps ten{10, 0};
+  EXPECT_EQ(deepspeed_learning_rate(log_warmup, ten, 1e-3, 1), 0.0);
+  EXPECT_EQ(deepspeed_learning_rate(log_warmup, ten, 1e-3, 2), 0.0);                          // log(1) = 0
+  EXPECT_NEAR(deepspeed_learning_rate(log_warmup, ten, 1e-3, 3), 1e-3 * 0.301029995663981, 1e-15);  // log 2 / log 10
+  EXPECT_EQ(deepspeed_learning_rate(log_warmup, ten, 1e-3, 12), 1e-3);
+  EXPECT_EQ(deepspeed_learning_rate(log_warmup, ten, 1e-3, 500), 1e-3);
 
   DeepSpeedScheduler decay = log_warmup;
   decay.type = "WarmupDecayLR";
   decay.warmup_type = "linear";
   decay.warmup_min_lr = 1e-5;
-  decay.warmup_num_steps = 4;
-  decay.total_num_steps = 10;
-  EXPECT_EQ(deepspeed_learning_rate(decay, 1e-3, 1), 1e-5);
-  EXPECT_NEAR(deepspeed_learning_rate(decay, 1e-3, 4), 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-15);  // it 2 of 4
-  EXPECT_NEAR(deepspeed_learning_rate(decay, 1e-3, 6), 1e-3, 1e-15);                        // it 4: (10-4)/6
-  EXPECT_NEAR(deepspeed_learning_rate(decay, 1e-3, 9), 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-15);  // it 7: 3/6
-  EXPECT_EQ(deepspeed_learning_rate(decay, 1e-3, 20), 1e-5);                               // past the end
+  const DeepSpeedSteps four_of_ten{4, 10};
+  EXPECT_EQ(deepspeed_learning_rate(decay, four_of_ten, 1e-3, 1), 1e-5);
+  EXPECT_NEAR(deepspeed_learning_rate(decay, four_of_ten, 1e-3, 4), 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-15);  // it 2 of 4
+  EXPECT_NEAR(deepspeed_learning_rate(decay, four_of_ten, 1e-3, 6), 1e-3, 1e-15);                        // it 4: (10-4)/6
+  EXPECT_NEAR(deepspeed_learning_rate(decay, four_of_ten, 1e-3, 9), 1e-5 + (1e-3 - 1e-5) * 0.5, 1e-15);  // it 7: 3/6
+  EXPECT_EQ(deepspeed_learning_rate(decay, four_of_ten, 1e-3, 20), 1e-5);                               // past the end
 
   DeepSpeedScheduler cosine;
   cosine.type = "WarmupCosineLR";
   cosine.warmup_type = "linear";
-  cosine.warmup_num_steps = 4;
-  cosine.total_num_steps = 10;
   cosine.warmup_min_ratio = 0.1;
-  EXPECT_EQ(deepspeed_learning_rate(cosine, 2e-4, 1), 0.0);
-  EXPECT_NEAR(deepspeed_learning_rate(cosine, 2e-4, 3), 2e-4 * (0.1 + 0.25 * 0.9), 1e-18);  // it 1 of 4
+  EXPECT_EQ(deepspeed_learning_rate(cosine, four_of_ten, 2e-4, 1), 0.0);
+  EXPECT_NEAR(deepspeed_learning_rate(cosine, four_of_ten, 2e-4, 3), 2e-4 * (0.1 + 0.25 * 0.9), 1e-18);  // it 1 of 4
   const double half = (1 + std::cos(M_PI / 6)) / 2;                                         // it 4: step 1 of 6
-  EXPECT_NEAR(deepspeed_learning_rate(cosine, 2e-4, 6), 2e-4 * (1e-4 + (1 - 1e-4) * half), 1e-18);
-  EXPECT_NEAR(deepspeed_learning_rate(cosine, 2e-4, 11), 2e-4 * 1e-4, 1e-18);  // it 9: the cosine's end
+  EXPECT_NEAR(deepspeed_learning_rate(cosine, four_of_ten, 2e-4, 6), 2e-4 * (1e-4 + (1 - 1e-4) * half), 1e-18);
+  EXPECT_NEAR(deepspeed_learning_rate(cosine, four_of_ten, 2e-4, 11), 2e-4 * 1e-4, 1e-18);  // it 9: the cosine's end
 }
 
 }  // namespace

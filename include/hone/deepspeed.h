@@ -19,8 +19,8 @@ struct DeepSpeedScheduler {
   double warmup_min_lr = 0, warmup_max_lr = 0.001;
   // WarmupCosineLR: ratios of the optimizer's learning rate instead of the two above.
   double warmup_min_ratio = 0, cos_min_ratio = 1e-4;
-  // Empty while "auto": Trainer's warmup and the run's number of updates, filled (and an
-  // explicit value checked) by finish_deepspeed_schedule once the data is known.
+  // Empty while "auto": Trainer's warmup and the run's number of updates, known once the
+  // data is (check_deepspeed_schedule then checks explicit values against them).
   std::optional<int64_t> warmup_num_steps = 1000, total_num_steps;
   bool warmup_in_file = false, total_in_file = false;  // explicit values, which must agree
   std::string warmup_type = "log";  // log | linear
@@ -45,13 +45,17 @@ struct DeepSpeedConfig {
 // hone::Error naming the file and the fields.
 DeepSpeedConfig load_deepspeed_config(const std::string& path, const TrainingArguments& a);
 
-// Fills the scheduler's "auto" step counts for a run of total_updates updates and checks
-// explicit ones against it, as Trainer does when it starts training.
-void finish_deepspeed_schedule(DeepSpeedConfig& c, const TrainingArguments& a, int64_t total_updates);
+// The scheduler's step counts for a run of total_updates updates ("auto": Trainer's
+// warmup, the run's updates); an explicit value that disagrees is an error, as Trainer
+// makes it when training starts.
+struct DeepSpeedSteps {
+  int64_t warmup, total;
+};
+DeepSpeedSteps deepspeed_schedule_steps(const DeepSpeedConfig& c, const TrainingArguments& a, int64_t total_updates);
 
 // The learning rate of update `update` (1-based) as DeepSpeed's engine steps its scheduler:
 // once after each applied update, so update 1 runs at the scheduler's initial value.
-// `lr` is the optimizer's (--learning_rate); the step counts must be filled.
-double deepspeed_learning_rate(const DeepSpeedScheduler& s, double lr, int64_t update);
+// `lr` is the optimizer's (--learning_rate).
+double deepspeed_learning_rate(const DeepSpeedScheduler& s, const DeepSpeedSteps& steps, double lr, int64_t update);
 
 }  // namespace hone

@@ -276,31 +276,34 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path, const TrainingArg
   return c;
 }
 
-void finish_deepspeed_schedule(DeepSpeedConfig& c, const TrainingArguments& a, int64_t total_updates) {
-  if (!c.scheduler) return;
-  DeepSpeedScheduler& s = *c.scheduler;
+DeepSpeedSteps deepspeed_schedule_steps(const DeepSpeedConfig& c, const TrainingArguments& a, int64_t total_updates) {
+  HONE_CHECK(c.scheduler.has_value(), "schedule steps of a DeepSpeed config without a scheduler");
+  const DeepSpeedScheduler& s = *c.scheduler;
   std::vector<std::string> mismatches;
-  auto fill = [&](std::optional<int64_t>& field, bool in_file, int64_t value, const char* key, const char* what) {
-    if (!field)
-      field = value;
-    else if (in_file && *field != value)
+  auto resolve = [&](const std::optional<int64_t>& field, bool in_file, int64_t value, const char* key,
+                     const char* what) {
+    if (!field) return value;
+    if (in_file && *field != value)
       mismatches.push_back(fmt::format("- ds scheduler.params.{}={} vs hone {}={}", key, *field, what, value));
+    return *field;
   };
-  fill(s.warmup_num_steps, s.warmup_in_file, resolve_warmup_steps(a, total_updates), "warmup_num_steps",
-       "warmup steps (--warmup_steps, or --warmup_ratio of the updates)");
-  if (s.type != "WarmupLR") fill(s.total_num_steps, s.total_in_file, total_updates, "total_num_steps", "updates of this run");
+  const DeepSpeedSteps steps{
+      resolve(s.warmup_num_steps, s.warmup_in_file, resolve_warmup_steps(a, total_updates), "warmup_num_steps",
+              "warmup steps (--warmup_steps, or --warmup_ratio of the updates)"),
+      s.type == "WarmupLR" ? total_updates
+                           : resolve(s.total_num_steps, s.total_in_file, total_updates, "total_num_steps",
+                                     "updates of this run")};
   if (!mismatches.empty())
     fail("{}: DeepSpeed config values that disagree with the run:\n{}\nSet them to \"auto\" so that they agree.",
          c.path, fmt::join(mismatches, "\n"));
+  return steps;
 }
 
-double deepspeed_learning_rate(const DeepSpeedScheduler& s, double lr, int64_t update) {
-  HONE_CHECK(s.warmup_num_steps && (s.type == "WarmupLR" || s.total_num_steps),
-             "the DeepSpeed schedule's step counts are filled before use");
+double deepspeed_learning_rate(const DeepSpeedScheduler& s, const DeepSpeedSteps& steps, double lr, int64_t update) {
   // The scheduler's iteration when update `update` runs: -1 (its initial value) for the first.
   const int64_t it = update - 2;
-  const int64_t warmup = std::max<int64_t>(2, *s.warmup_num_steps);
-  const int64_t total = s.total_num_steps.value_or(0);
+  const int64_t warmup = std::max<int64_t>(2, steps.warmup);
+  const int64_t total = steps.total;
   auto warm = [&] {
     return s.warmup_type == "log" ? std::log(double(it + 1)) / std::log(double(warmup)) : double(it) / double(warmup);
   };
