@@ -11,6 +11,7 @@
 #   CONFIGS        configurations to run, hone and HF (default: all, in this order)
 #                  gradacc_bs1x4 gradckpt_bs1x4 gradckpt_selective_bs1x4 adafactor_bs4 combined_bs1x4
 #                  adamw8bit_bs4 bf16_bs32 bf16_ckpt_bs32 bf16_ckpt_selective_bs32
+#                  (not by default: bf16_bs4 offload_bf16_bs4 bf16_bs4x8 offload_bf16_bs4x8)
 #                  (HF runs each distinct Trainer configuration once: the selective and bs32 rows share)
 #   MEM_N          samples (default 512, the seed's)
 #   HONE_TIMEOUT   seconds per hone run (default 180); HF_TIMEOUT the same for HF (default 300)
@@ -46,6 +47,12 @@ add adamw8bit_bs4 adamw8bit_bs4 "--per_device_train_batch_size 4 --optim adamw_b
 add bf16_bs32 bf16_fused_bs32 "--per_device_train_batch_size 32 --bf16"
 add bf16_ckpt_bs32 bf16_fused_bs32 "--per_device_train_batch_size 32 --bf16 --gradient_checkpointing"
 add bf16_ckpt_selective_bs32 bf16_fused_bs32 "--per_device_train_batch_size 32 --bf16 --gradient_checkpointing --gradient_checkpointing_policy selective"
+# ZeRO-Offload (bench/ds_offload.json, as Trainer users write it) against bf16 on the GPU,
+# at batch 4 and with accumulation 8; Trainer's row is its bf16 batch 4 (without DeepSpeed).
+add bf16_bs4 bf16_bs4 "--per_device_train_batch_size 4 --bf16"
+add offload_bf16_bs4 bf16_bs4 "--per_device_train_batch_size 4 --bf16 --deepspeed bench/ds_offload.json"
+add bf16_bs4x8 bf16_bs4 "--per_device_train_batch_size 4 --gradient_accumulation_steps 8 --bf16"
+add offload_bf16_bs4x8 bf16_bs4 "--per_device_train_batch_size 4 --gradient_accumulation_steps 8 --bf16 --deepspeed bench/ds_offload.json"
 configs=${CONFIGS:-gradacc_bs1x4 gradckpt_bs1x4 gradckpt_selective_bs1x4 adafactor_bs4 combined_bs1x4 adamw8bit_bs4 bf16_bs32 bf16_ckpt_bs32 bf16_ckpt_selective_bs32}
 for cfg in $configs; do
   [ -n "${hf_of[$cfg]:-}" ] || { echo "memory_bench: unknown configuration '$cfg' (known: ${!hf_of[*]})"; exit 2; }

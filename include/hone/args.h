@@ -1,6 +1,7 @@
 #pragma once
 // Training arguments with Hugging Face TrainingArguments' names and defaults.
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -9,6 +10,8 @@
 #include "hone/dtype.h"
 
 namespace hone {
+
+struct DeepSpeedConfig;
 
 struct TrainingArguments {
   // model and data
@@ -78,7 +81,16 @@ struct TrainingArguments {
   // products' outputs); it needs gradient_checkpointing. See Checkpointing in bert.h.
   bool gradient_checkpointing = false;
   std::string gradient_checkpointing_policy;
+  // A DeepSpeed configuration file (hone/deepspeed.h), read by parse_training_arguments:
+  // its offload_optimizer sets offload_optimizer, its optimizer and scheduler blocks replace
+  // --optim's parameter groups and --lr_scheduler_type.
+  std::string deepspeed;
+  std::shared_ptr<const DeepSpeedConfig> deepspeed_config;
   // hone-specific
+  // ZeRO-Offload on one GPU, without a DeepSpeed file: the fp32 master weights, the
+  // gradients the optimizer reads and its state in page-locked host memory, the update on
+  // the CPU (docs/design/offload.md).
+  bool offload_optimizer = false;
   std::string device = "auto";  // auto | cpu | cuda
   bool cuda_graphs = true;      // replay repeated training steps as CUDA graphs
   int threads = 0;              // CPU threads; 0 = all cores
@@ -87,7 +99,7 @@ struct TrainingArguments {
 // Parses `hone train`/`hone estimate` style flags, without the program and subcommand names:
 // --name value or --name=value; boolean flags also as --flag, --flag=false or --flag False.
 // Unknown flags and invalid values throw hone::Error with a message naming the flag; a
-// repeated flag keeps its last value, as with argparse.
+// repeated flag keeps its last value, as with argparse. Reads --deepspeed's file.
 // `-h`/`--help` throws CLI::CallForHelp (a CLI11 exception, not hone::Error): a program that
 // prints help attaches the flags to its own CLI::App with add_training_arguments
 // (src/train/arguments_cli.h) and lets CLI11 render it. Calls validate() on the result.
@@ -96,6 +108,11 @@ TrainingArguments parse_training_arguments(const std::vector<std::string>& argv)
 // Checks values (positive batch size, rates in range, known scheduler/optimizer names,
 // the --dataset spec) and throws hone::Error naming the offending flag.
 void validate(const TrainingArguments& a);
+
+// Reads --deepspeed's file (hone/deepspeed.h) into a.deepspeed_config, checked against the
+// other flags, and sets offload_optimizer when the file offloads it. Called by
+// parse_training_arguments after validate.
+void apply_deepspeed(TrainingArguments& a);
 
 // F32, or BF16 / F16 under --bf16 / --fp16: the dtype of activations and of the weights
 // the model reads.

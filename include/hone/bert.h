@@ -8,6 +8,7 @@
 // adjacent, so the three projections run as one [3H, H] matrix product.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -101,7 +102,10 @@ class BertForSequenceClassification {
   // step-scoped, one flat F32 gradient buffer whose groups grad(k) are slices. With a
   // half-precision compute dtype the parameters are the master weights and forward and
   // backward read a copy in that dtype (Category::Weights), which the optimizer rewrites.
-  void bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute = DType::F32);
+  // master: where those master weights live (Category::HostMasterWeights when the
+  // optimizer is offloaded to the host).
+  void bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute = DType::F32,
+                       Category master = Category::MasterWeights);
   Tensor& weights() { return weights_; }  // the F32 parameters
   // What forward and backward read: the parameters, or their half-precision copy.
   const Tensor& compute_weights() const { return mixed() ? half_weights_ : weights_; }
@@ -117,6 +121,11 @@ class BertForSequenceClassification {
   int num_groups() const { return int(layout_.groups().size()); }
   // Step-scoped gradients: hands every group's buffer back (after the optimizer step).
   void release_grads(BufferSource& mem);
+  // Called as each group's gradients are final in backward (the head's first, the
+  // embeddings' last): an offloaded optimizer sends them to the host there and, when they
+  // are step-scoped, releases them (release_grads then skips a released group).
+  using GroupGradsDone = std::function<void(Backend&, BufferSource&, int group)>;
+  void on_group_grads_done(GroupGradsDone f) { group_done_ = std::move(f); }
   Tensor param(const Tensor& flat, const ParamEntry& e) const { return slice(flat, e.offset, e.shape); }
 
   // Forward and backward of one micro-batch. Parameter gradients accumulate (+=);
@@ -206,6 +215,10 @@ class BertForSequenceClassification {
   }
   // Step-scoped: takes group k's gradient buffer, zeroed, just before its backward.
   void take_grads(Backend& be, BufferSource& mem, int k);
+  void group_grads_done(Backend& be, BufferSource& mem, int k) {
+    if (group_done_) group_done_(be, mem, k);
+  }
+  GroupGradsDone group_done_;
   DropoutSpec dropout(const DropoutState& d, float p, int site) const;
   // Layer l's dropout sites: k = 0 attention probabilities, 1 attention output, 2 FFN output.
   DropoutSpec layer_dropout(const DropoutState& d, int l, int k) const;

@@ -19,10 +19,24 @@ namespace hone {
 
 // Under mixed precision, Weights are the half-precision copy that forward and backward
 // read, and MasterWeights the fp32 parameters the optimizer updates; in fp32 runs the
-// weights are the parameters and MasterWeights is empty.
-enum class Category : uint8_t { Weights, MasterWeights, Gradients, OptimizerState, Activations, Workspace };
-constexpr int kNumCategories = 6;
+// weights are the parameters and MasterWeights is empty. The Host* categories live in
+// page-locked host memory: an offloaded optimizer's master weights, the gradients it
+// receives, its state and its workspace.
+enum class Category : uint8_t {
+  Weights,
+  MasterWeights,
+  Gradients,
+  OptimizerState,
+  Activations,
+  Workspace,
+  HostMasterWeights,
+  HostGradients,
+  HostOptimizerState,
+  HostWorkspace
+};
+constexpr int kNumCategories = 10;
 std::string_view category_name(Category c);
+inline bool on_host(Category c) { return c >= Category::HostMasterWeights; }
 
 // Phases replayed independently: setup runs once; the others repeat each step or batch.
 enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep, Inference };
@@ -59,10 +73,12 @@ class MemoryPlan {
   // Bytes of each category's arena; 0 for a category whose buffers live in another's.
   std::array<size_t, kNumCategories> category_bytes{};
   // The arena each category's buffers are packed into (its own, unless shared).
-  std::array<Category, kNumCategories> arena_of{Category::Weights,        Category::MasterWeights,
-                                                Category::Gradients,      Category::OptimizerState,
-                                                Category::Activations,    Category::Workspace};
-  size_t total_bytes() const;
+  std::array<Category, kNumCategories> arena_of{
+      Category::Weights,           Category::MasterWeights, Category::Gradients,          Category::OptimizerState,
+      Category::Activations,       Category::Workspace,     Category::HostMasterWeights,  Category::HostGradients,
+      Category::HostOptimizerState, Category::HostWorkspace};
+  size_t total_bytes() const;  // of the device's arenas
+  size_t host_bytes() const;   // of the page-locked host arenas
   // Sum of unshared sizes per category: what the plan would cost without reuse.
   std::array<size_t, kNumCategories> unshared_bytes() const;
   // Assigns offsets: greedy best-fit of lifetime intervals, largest buffers first.
@@ -89,7 +105,24 @@ class MemoryPlanner final : public BufferSource {
   uintptr_t next_token_ = 1;  // fake addresses identify planned tensors on release
 };
 
-// One allocation per category, counted.
+// Another source's buffers under their host categories: an offloaded optimizer asks for
+// OptimizerState and Workspace as any optimizer does and gets HostOptimizerState and
+// HostWorkspace (MasterWeights and Gradients map likewise).
+class HostCategories final : public BufferSource {
+ public:
+  explicit HostCategories(BufferSource& inner) : inner_(inner) {}
+  Tensor take(Category c, const char* name, int index, DType t, Shape s) override;
+  void release(const Tensor& t) override { inner_.release(t); }
+  void begin_phase(Phase p) override { inner_.begin_phase(p); }
+  void end_phase() override { inner_.end_phase(); }
+  bool planning() const override { return inner_.planning(); }
+
+ private:
+  BufferSource& inner_;
+};
+
+// One allocation per category, counted: device memory, or page-locked host memory
+// (Backend::allocate_host) for the Host* categories.
 class Backend;
 
 class Arena {

@@ -51,7 +51,8 @@ StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size);
 // activations that backward has already consumed. Then each micro_step() must be
 // followed by optimizer_step().
 enum class GradientMemory { Persistent, StepScoped };
-// What a run with these arguments uses: StepScoped without gradient accumulation.
+// What a run with these arguments uses: StepScoped without gradient accumulation (and
+// without --offload_optimizer, whose gradients stay on the device until the update).
 GradientMemory gradient_memory_for(const TrainingArguments& a);
 // What --gradient_checkpointing and its policy ask each encoder layer to keep.
 Checkpointing checkpointing_for(const TrainingArguments& a);
@@ -207,6 +208,19 @@ class TrainingRun {
   // The gradients of each group (the multi-tensor norm's list and the optimizer's
   // target), refilled each step within their reserved capacity (no allocation).
   std::vector<Tensor> grad_list_;
+
+  // --offload_optimizer: the update runs on host_be_ (this run's backend on the CPU, else a
+  // CPU backend of its own) over page-locked host buffers. The gradients and the clip
+  // coefficient come down after backward; the updated weights go back up: the rounded
+  // copy the update writes under mixed precision (whose master weights, the model's
+  // F32 parameters, then live on the host), else the host's F32 master copy.
+  bool offload_ = false;
+  std::unique_ptr<Backend> own_host_be_;
+  Backend* host_be_ = nullptr;
+  Tensor host_master_, host_half_, host_grads_, host_sumsq_, host_norm_coef_;
+  std::vector<Tensor> host_group_grads_;
+  void offload_update(BufferSource& mem);
+  void sync_host_master();  // fp32 offload: the host master copy from the device's weights
 };
 
 // ---------------------------------------------------------------- the loop

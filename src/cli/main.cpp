@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   try {
     if (train->parsed()) {
       validate(train_args);
+      apply_deepspeed(train_args);
       return cli::train_command(train_args);
     }
     if (predict->parsed()) {
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
     if (env->parsed()) return cli::env_command();
     if (tok->parsed()) return cli::tokenize_command(tokenizer_dir, tokenize_max_length);
     validate(estimate_args);
+    apply_deepspeed(estimate_args);
     return cli::estimate_command(estimate_args, list_buffers, memory_budget);
   } catch (const Error& e) {
     std::fflush(stdout);

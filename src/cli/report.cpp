@@ -42,39 +42,46 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
   const auto unshared = plan.unshared_bytes();
   std::string s = fmt::format("  {:<24} {:>15} {:>10} {:>12} {:>15}{}\n", "category", "planned bytes", "MiB",
                               "bytes/param", "without reuse", measured ? fmt::format(" {:>15}", "measured bytes") : "");
-  size_t total_measured = 0;
-  for (int c = 0; c < kNumCategories; ++c) {
-    const size_t b = plan.category_bytes[c];
-    // A category packed into another's arena costs nothing of its own: its bytes are in
-    // the host's row, which names both.
-    std::string name(category_name(Category(c)));
-    size_t without_reuse = unshared[c];
-    for (int guest = 0; guest < kNumCategories; ++guest)
-      if (guest != c && plan.arena_of[guest] == Category(c)) {
-        name += " + " + std::string(category_name(Category(guest)));
-        without_reuse += unshared[guest];
+  // The device's categories and their total, then the page-locked host's (an offloaded
+  // optimizer's), if any.
+  for (const bool host : {false, true}) {
+    if (host && plan.host_bytes() == 0) break;
+    size_t total_measured = 0, total_unshared = 0;
+    for (int c = 0; c < kNumCategories; ++c) {
+      if (on_host(Category(c)) != host) continue;
+      total_unshared += unshared[c];
+      const size_t b = plan.category_bytes[c];
+      // A category packed into another's arena costs nothing of its own: its bytes are in
+      // the host's row, which names both.
+      std::string name(category_name(Category(c)));
+      size_t without_reuse = unshared[c];
+      for (int guest = 0; guest < kNumCategories; ++guest)
+        if (guest != c && plan.arena_of[guest] == Category(c)) {
+          name += " + " + std::string(category_name(Category(guest)));
+          without_reuse += unshared[guest];
+        }
+      if (b == 0 && without_reuse == 0) continue;  // e.g. master weights in an fp32 run
+      if (plan.arena_of[c] != Category(c)) {
+        s += fmt::format("  {:<24} {:>15} {:>10} {:>12} {:>15}  (in the {} arena)\n", name, "-", "-", "-", "-",
+                         category_name(plan.arena_of[c]));
+        continue;
       }
-    if (b == 0 && without_reuse == 0) continue;  // e.g. master weights in an fp32 run
-    if (plan.arena_of[c] != Category(c)) {
-      s += fmt::format("  {:<24} {:>15} {:>10} {:>12} {:>15}  (in the {} arena)\n", name, "-", "-", "-", "-",
-                       category_name(plan.arena_of[c]));
-      continue;
+      s += fmt::format("  {:<24} {:>15} {:>10.1f} {:>12.2f} {:>15}", name, with_commas(b), double(b) / (1 << 20),
+                       double(b) / double(params), with_commas(without_reuse));
+      if (measured) {
+        s += fmt::format(" {:>15}", with_commas(measured[c]));
+        total_measured += measured[c];
+      }
+      s += "\n";
     }
-    s += fmt::format("  {:<24} {:>15} {:>10.1f} {:>12.2f} {:>15}", name, with_commas(b),
-                     double(b) / (1 << 20), double(b) / double(params), with_commas(without_reuse));
-    if (measured) {
-      s += fmt::format(" {:>15}", with_commas(measured[c]));
-      total_measured += measured[c];
-    }
+    const size_t total = host ? plan.host_bytes() : plan.total_bytes();
+    s += fmt::format("  {:<24} {:>15} {:>10.1f} {:>12.2f} {:>15}", host ? "host total (page-locked)" : "total",
+                     with_commas(total), double(total) / (1 << 20), double(total) / double(params),
+                     with_commas(total_unshared));
+    if (measured) s += fmt::format(" {:>15}", with_commas(total_measured));
     s += "\n";
   }
-  size_t total_unshared = 0;
-  for (size_t u : unshared) total_unshared += u;
-  s += fmt::format("  {:<24} {:>15} {:>10.1f} {:>12.2f} {:>15}", "total", with_commas(plan.total_bytes()),
-                   double(plan.total_bytes()) / (1 << 20), double(plan.total_bytes()) / double(params),
-                   with_commas(total_unshared));
-  if (measured) s += fmt::format(" {:>15}", with_commas(total_measured));
-  return s + "\n";
+  return s;
 }
 
 std::string buffer_list(const MemoryPlan& plan) {

@@ -18,6 +18,7 @@
 #include "cli/setup.h"
 #include "cli/timeline.h"
 #include "hone/cuda.h"
+#include "hone/deepspeed.h"
 #include "hone/fit.h"
 #include "hone/gpu_info.h"
 #include "hone/safetensors.h"
@@ -178,6 +179,16 @@ int train_command(const TrainingArguments& requested) {
   if (!in.labels.regression && in.tokenizer) fmt::print("  labels: {}\n", fmt::join(in.labels.names, ", "));
   fmt::print("  device: {}; batch {} x {} accumulation, {} updates over {} epoch(s)\n", where,
              a.per_device_train_batch_size, a.gradient_accumulation_steps, sc.total_updates, sc.epochs);
+  if (const auto& ds = a.deepspeed_config) {
+    fmt::print("  DeepSpeed {}: ZeRO stage {}{}{}{}\n", ds->path, ds->zero_stage,
+               ds->optimizer_type.empty() ? "" : ", its AdamW over all parameters in one group",
+               ds->scheduler ? ", its " + ds->scheduler->type + " schedule" : "",
+               ds->no_effect.empty() ? "" : fmt::format("; no effect on one GPU: {}", fmt::join(ds->no_effect, ", ")));
+  }
+  if (a.offload_optimizer)
+    fmt::print("  optimizer offloaded: master weights, gradients for the update and optimizer state in {:.1f} MiB of "
+               "page-locked host memory, updated on the CPU ({} threads)\n",
+               double(run.memory().plan().host_bytes()) / (1 << 20), omp_get_max_threads());
   std::fflush(stdout);
 
   std::error_code ec;

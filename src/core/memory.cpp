@@ -38,6 +38,10 @@ std::string_view category_name(Category c) {
     case Category::OptimizerState: return "optimizer state";
     case Category::Activations: return "activations";
     case Category::Workspace: return "workspace";
+    case Category::HostMasterWeights: return "host master weights";
+    case Category::HostGradients: return "host gradients";
+    case Category::HostOptimizerState: return "host optimizer state";
+    case Category::HostWorkspace: return "host workspace";
   }
   return "?";
 }
@@ -48,7 +52,15 @@ std::string PlannedBuffer::label() const {
 
 size_t MemoryPlan::total_bytes() const {
   size_t t = 0;
-  for (size_t b : category_bytes) t += b;
+  for (int c = 0; c < kNumCategories; ++c)
+    if (!on_host(Category(c))) t += category_bytes[size_t(c)];
+  return t;
+}
+
+size_t MemoryPlan::host_bytes() const {
+  size_t t = 0;
+  for (int c = 0; c < kNumCategories; ++c)
+    if (on_host(Category(c))) t += category_bytes[size_t(c)];
   return t;
 }
 
@@ -139,12 +151,25 @@ MemoryPlan MemoryPlanner::finish() {
   return std::move(plan_);
 }
 
+Tensor HostCategories::take(Category c, const char* name, int index, DType t, Shape s) {
+  switch (c) {
+    case Category::MasterWeights: c = Category::HostMasterWeights; break;
+    case Category::Gradients: c = Category::HostGradients; break;
+    case Category::OptimizerState: c = Category::HostOptimizerState; break;
+    case Category::Workspace: c = Category::HostWorkspace; break;
+    case Category::Weights:
+    case Category::Activations: HONE_CHECK(false, "{} asked for {} on the host", name, category_name(c));
+    default: break;
+  }
+  return inner_.take(c, name, index, t, s);
+}
+
 // ---------------------------------------------------------------- arenas
 
 Arena::Arena(Category c, Backend& be, size_t bytes) : category_(c), backend_(be), bytes_(bytes) {
   if (bytes == 0) return;
   try {
-    base_ = static_cast<char*>(be.allocate(bytes));
+    base_ = static_cast<char*>(on_host(c) ? be.allocate_host(bytes) : be.allocate(bytes));
   } catch (const Error& e) {
     fail("the {} arena of {:.1f} MiB: {}", category_name(c), double(bytes) / (1 << 20), e.what());
   }
@@ -152,7 +177,11 @@ Arena::Arena(Category c, Backend& be, size_t bytes) : category_(c), backend_(be)
 }
 
 Arena::~Arena() {
-  if (base_) backend_.deallocate(base_);
+  if (!base_) return;
+  if (on_host(category_))
+    backend_.deallocate_host(base_);
+  else
+    backend_.deallocate(base_);
 }
 
 int64_t Arena::allocation_count() { return allocation_counter().load(); }
@@ -191,7 +220,7 @@ Tensor PlannedMemory::take(Category c, const char* name, int index, DType t, Sha
   size_t id = list[cursor_++];
   const PlannedBuffer& b = plan_.buffers[id];
   const size_t arena = size_t(plan_.arena_of[size_t(c)]);
-  Tensor out{arenas_[arena]->base() + b.offset, t, s, device_};
+  Tensor out{arenas_[arena]->base() + b.offset, t, s, on_host(c) ? Device::CPU : device_};
   HONE_CHECK(b.category == c && b.name == name && b.index == index && out.bytes() <= b.bytes,
              "request {}[{}] of {} bytes does not match the plan's {} ({} bytes)", name, index, out.bytes(),
              b.label(), b.bytes);

@@ -101,10 +101,11 @@ BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c
   saved_.resize(c.num_hidden_layers);
 }
 
-void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute) {
+void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute,
+                                                   Category master) {
   compute_ = compute;
   if (mixed()) {
-    weights_ = mem.take(Category::MasterWeights, "parameters", -1, DType::F32, {layout_.count()});
+    weights_ = mem.take(master, "parameters", -1, DType::F32, {layout_.count()});
     half_weights_ = mem.take(Category::Weights, compute == DType::BF16 ? "parameters_bf16" : "parameters_fp16", -1,
                              compute, {layout_.count()});
   } else {
@@ -129,7 +130,8 @@ void BertForSequenceClassification::take_grads(Backend& be, BufferSource& mem, i
 
 void BertForSequenceClassification::release_grads(BufferSource& mem) {
   if (!step_scoped_grads_) return;
-  for (Tensor& t : group_grads_) mem.release(t);
+  for (Tensor& t : group_grads_)
+    if (t.data) mem.release(t);
 }
 
 Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, Shape s) {
@@ -331,7 +333,12 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   ops::scatter_first_tokens(be, d_tok, S, dh);
   mem.release(d_tok);
 
-  for (int l = L - 1; l >= 0; --l) layer_backward(be, mem, p, l, l == 0 ? emb_out : saved_[l - 1].out, dh);
+  group_grads_done(be, mem, L + 1);
+
+  for (int l = L - 1; l >= 0; --l) {
+    layer_backward(be, mem, p, l, l == 0 ? emb_out : saved_[l - 1].out, dh);
+    group_grads_done(be, mem, 1 + l);
+  }
 
   // emb_out = dropout(LN(emb_sum))
   take_grads(be, mem, 0);
@@ -345,6 +352,7 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   mem.release(emb_rstd);
   ops::embedding_backward(be, d_emb, batch.input_ids, batch.token_type_ids, S, gword, gpos, gtype);
   mem.release(d_emb);
+  group_grads_done(be, mem, 0);
 }
 
 void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,

@@ -4,6 +4,7 @@
 // group is one slice of a single multi-tensor launch.
 #include <cstring>
 
+#include "hone/deepspeed.h"
 #include "hone/ops.h"
 #include "optim/optimizers.h"
 
@@ -13,7 +14,12 @@ namespace {
 class AdamW final : public Optimizer {
  public:
   AdamW(std::string_view name, const TrainingArguments& a)
-      : name_(name), beta1_(a.adam_beta1), beta2_(a.adam_beta2), eps_(a.adam_epsilon), weight_decay_(a.weight_decay) {}
+      : name_(name),
+        beta1_(a.adam_beta1),
+        beta2_(a.adam_beta2),
+        eps_(a.adam_epsilon),
+        weight_decay_(a.weight_decay),
+        decay_all_(a.deepspeed_config && !a.deepspeed_config->optimizer_type.empty()) {}
 
   std::string_view name() const override { return name_; }
   std::string_view state_kind() const override { return "adamw"; }
@@ -23,6 +29,8 @@ class AdamW final : public Optimizer {
     m_ = mem.take(Category::OptimizerState, "adam_exp_avg", -1, DType::F32, {n});
     v_ = mem.take(Category::OptimizerState, "adam_exp_avg_sq", -1, DType::F32, {n});
     ranges_ = decay_ranges(layout);
+    if (decay_all_)
+      for (ParamRange& r : ranges_) r.decay = true;
     slices_.reserve(ranges_.size());
   }
 
@@ -58,6 +66,9 @@ class AdamW final : public Optimizer {
 
   std::string_view name_;
   double beta1_, beta2_, eps_, weight_decay_;
+  // A DeepSpeed optimizer block: DeepSpeed's AdamW over all parameters in one group, biases
+  // and LayerNorm parameters decayed too.
+  bool decay_all_;
   Tensor m_, v_;
   std::vector<ParamRange> ranges_;
   std::vector<AdamWSlice> slices_;  // refilled each update within its reserved capacity

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "hone/deepspeed.h"
 #include "hone/error.h"
 #include "hone/optimizer.h"
 #include "train/arguments_cli.h"
@@ -133,6 +134,11 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
       "What --gradient_checkpointing keeps of each layer: full (the default; its input alone, as Trainer) or "
       "selective (the matrix products' outputs; only attention and LayerNorm outputs are recomputed)");
   add(app, "device", a.device, "auto, cpu or cuda");
+  add(app, "deepspeed", a.deepspeed,
+      "DeepSpeed configuration file (ZeRO stage 1/2, offload_optimizer to the CPU, optimizer and scheduler blocks)");
+  add_bool(app, "offload_optimizer", a.offload_optimizer,
+           "ZeRO-Offload: master weights, gradients for the update and optimizer state in host memory, the update "
+           "on the CPU");
   add_bool(app, "cuda_graphs", a.cuda_graphs,
            "Replay each repeated training step as a CUDA graph, without launching its kernels one by one (CUDA)");
   add(app, "threads", a.threads, "CPU threads; 0 = all cores");
@@ -171,7 +177,15 @@ TrainingArguments parse_training_arguments(const std::vector<std::string>& argv)
     throw Error(e.what());
   }
   validate(a);
+  apply_deepspeed(a);
   return a;
+}
+
+void apply_deepspeed(TrainingArguments& a) {
+  if (a.deepspeed.empty()) return;
+  auto ds = std::make_shared<DeepSpeedConfig>(load_deepspeed_config(a.deepspeed, a));
+  a.offload_optimizer = a.offload_optimizer || ds->offload_optimizer;
+  a.deepspeed_config = std::move(ds);
 }
 
 void validate(const TrainingArguments& a) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "hone/checkpoint.h"
+#include "hone/deepspeed.h"
 #include "hone/schedule.h"
 #include "hone/trainer.h"
 #include "hone/weights.h"
@@ -106,6 +107,10 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
       notice("deleted older checkpoint " + p + " (--save_total_limit " + std::to_string(a.save_total_limit) + ")");
   };
 
+  // A DeepSpeed scheduler's explicit step counts must agree with this run's (as Trainer
+  // checks them when training starts), before the first step.
+  if (a.deepspeed_config && a.deepspeed_config->scheduler)
+    deepspeed_schedule_steps(*a.deepspeed_config, a, sc.total_updates);
   bool stopped = false;
   double model_flops = 0;
   run.backend().take_span_seconds();  // the time split counts this run's steps

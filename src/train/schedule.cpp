@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "hone/deepspeed.h"
 #include "hone/error.h"
 
 namespace hone {
@@ -32,6 +33,10 @@ int64_t resolve_warmup_steps(const TrainingArguments& a, int64_t total_steps) {
 }
 
 double learning_rate_at(const TrainingArguments& a, int64_t step, int64_t total_steps) {
+  if (a.deepspeed_config && a.deepspeed_config->scheduler)
+    return deepspeed_learning_rate(*a.deepspeed_config->scheduler,
+                                   deepspeed_schedule_steps(*a.deepspeed_config, a, total_steps), a.learning_rate,
+                                   step + 1);
   const int64_t warmup = resolve_warmup_steps(a, total_steps);
   return a.learning_rate * schedule_factor(a.lr_scheduler_type, step, warmup, total_steps);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hone/cpu_backend.h"
 #include "hone/ops.h"
 #include "hone/schedule.h"
 #include "hone/weights.h"
@@ -60,12 +61,21 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
       scoped_grads_(grads == GradientMemory::StepScoped),
       be_(be),
       model_(std::make_unique<BertForSequenceClassification>(c)),
-      optimizer_(make_optimizer(a)) {
+      optimizer_(make_optimizer(a)),
+      offload_(a.offload_optimizer && phases.train) {
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
   model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
+  if (offload_) {
+    if (be_.device() == Device::CPU) {
+      host_be_ = &be_;
+    } else {
+      own_host_be_ = std::make_unique<CpuBackend>();
+      host_be_ = own_host_be_.get();
+    }
+  }
 }
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
@@ -81,7 +91,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
     host_step_ = static_cast<int64_t*>(host_staging_);
     host_scalars_ = reinterpret_cast<float*>(static_cast<char*>(host_staging_) + sizeof(int64_t));
     host_labels_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_staging_) + labels_at);
-    optimizer_->reset_state(be_);
+    optimizer_->reset_state(offload_ ? *host_be_ : be_);
     for (Tensor* t : {&loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
     if (!scoped_grads_)
       for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
@@ -116,6 +126,7 @@ MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, in
 MemoryPlan TrainingRun::record_plan() {
   MemoryPlanner planner;
   be_.dry_run = true;
+  if (host_be_) host_be_->dry_run = true;
   try {
     planner.begin_phase(Phase::Setup);
     setup(planner);
@@ -129,17 +140,45 @@ MemoryPlan TrainingRun::record_plan() {
     if (phases_.infer_batch > 0) run_infer(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {});
   } catch (...) {
     be_.dry_run = false;
+    if (host_be_) host_be_->dry_run = false;
     throw;
   }
   be_.dry_run = false;
+  if (host_be_) host_be_->dry_run = false;
   return planner.finish();
 }
 
 void TrainingRun::setup(BufferSource& mem) {
   // Without training, no gradient buffer is ever taken (as with step-scoped ones).
-  model_->bind_parameters(mem, scoped_grads_ || !phases_.train, compute_dtype(args_));
+  model_->bind_parameters(mem, scoped_grads_ || !phases_.train, compute_dtype(args_),
+                          offload_ ? Category::HostMasterWeights : Category::MasterWeights);
   if (!phases_.train) return;
-  optimizer_->take_state(mem, model_->layout());
+  if (offload_) {
+    HostCategories host(mem);
+    optimizer_->take_state(host, model_->layout());
+    const int64_t n = model_->layout().count();
+    if (model_->mixed())
+      host_half_ = mem.take(Category::HostMasterWeights, "parameters_rounded", -1, model_->compute_dtype(), {n});
+    else
+      host_master_ = mem.take(Category::HostMasterWeights, "parameters", -1, DType::F32, {n});
+    host_grads_ = mem.take(Category::HostGradients, "parameter_grads", -1, DType::F32, {n});
+    host_norm_coef_ = mem.take(Category::HostWorkspace, "grad_norm_and_clip", -1, DType::F32, {kNormCoefSize});
+    host_group_grads_.clear();
+    for (const ParamGroup& g : model_->layout().groups())
+      host_group_grads_.push_back(host_grads_.rows(g.begin, g.begin + g.size()));
+    host_sumsq_ = mem.take(Category::HostWorkspace, "grad_sum_squares", -1, DType::F32, {1});
+    // Step-scoped gradients leave for the host as backward finishes each group, and their
+    // device memory goes back to the activations'.
+    if (scoped_grads_)
+      model_->on_group_grads_done([this](Backend& be, BufferSource& m, int k) {
+        Tensor& g = model_->grad(k);
+        ops::copy(be, g, host_group_grads_[size_t(k)]);
+        m.release(g);
+        g = Tensor{};
+      });
+  } else {
+    optimizer_->take_state(mem, model_->layout());
+  }
   loss_sum_ = mem.take(Category::Workspace, "loss_sum", -1, DType::F32, {1});
   sumsq_ = mem.take(Category::Workspace, "grad_sum_squares", -1, DType::F32, {1});
   norm_coef_ = mem.take(Category::Workspace, "grad_norm_and_clip", -1, DType::F32, {kNormCoefSize});
@@ -158,6 +197,7 @@ void TrainingRun::setup(BufferSource& mem) {
 
 float* TrainingRun::host_weights() {
   HONE_CHECK(be_.device() == Device::CPU, "host_weights on a {} backend", be_.name());
+  HONE_CHECK(!host_master_.data, "host_weights with an offloaded optimizer: write_weights keeps its master copy");
   return model_->weights().f32();
 }
 
@@ -200,7 +240,12 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
 void TrainingRun::write_weights(const float* host) {
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
   if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  sync_host_master();
   be_.synchronize();
+}
+
+void TrainingRun::sync_host_master() {
+  if (host_master_.data) ops::copy(be_, model_->weights(), host_master_);
 }
 
 void TrainingRun::init_weights(uint64_t seed) {
@@ -222,6 +267,7 @@ void TrainingRun::init_weights(uint64_t seed) {
     }
   }
   if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  sync_host_master();
   be_.synchronize();
 }
 
@@ -287,7 +333,8 @@ void TrainingRun::read_grads(float* host) {
   for (int k = 0; k < model_->num_groups(); ++k) {
     const ParamGroup& g = model_->layout().groups()[size_t(k)];
     Tensor dst = host_tensor(host + g.begin, DType::F32, {g.size()});
-    ops::copy(be_, model_->grad(k), dst);
+    // Offloaded step-scoped gradients have left the device for the host buffer.
+    ops::copy(be_, offload_ && scoped_grads_ ? host_group_grads_[size_t(k)] : model_->grad(k), dst);
   }
   be_.synchronize();
   // Under fp16 the buffers hold the gradients times the loss scale, as torch's .grad
@@ -396,7 +443,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   last_micro_ = nullptr;
   last_micro_mode_ = StepMode::Eager;
   // Logits for the host are read eagerly; so are shapes past the recordings' cap.
-  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out) {
+  // An offloaded update after each micro-step runs on the host: no recordings then.
+  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_)) {
     last_micro_ = &micro_graphs_[std::tuple{batch, seq, grad_scale}];
     last_micro_mode_ = next_mode(*last_micro_);
   }
@@ -451,7 +499,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   StepMode mode = scoped_grads_ ? last_micro_mode_ : StepMode::Eager;
   if (scoped_grads_) {
     HONE_CHECK(step_open_, "optimizer_step without a micro_step before it");
-  } else if (args_.cuda_graphs && be_.can_record() && !be_.dry_run) {
+  } else if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !offload_) {  // host work: eager
     graphs = &optimizer_graphs_;
     mode = next_mode(*graphs);
   }
@@ -477,19 +525,32 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
 // Clip, the optimizer's update and zeroed gradients: everything an optimizer step queues
 // on the device.
 void TrainingRun::optimizer_body(BufferSource& mem) {
-  grad_list_.clear();
-  for (int k = 0; k < model_->num_groups(); ++k) grad_list_.push_back(model_->grad(k));
-  // One launch for the norm of every group (per 48 tensors).
-  ops::fill(be_, sumsq_, 0.0f);
-  ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
+  if (offload_ && scoped_grads_) {
+    // The gradients left for the host in backward: their norm is summed there, in the
+    // groups' order as the device would sum them, and goes up for the clip coefficient.
+    if (!be_.dry_run) be_.wait_for_reads();
+    ops::fill(*host_be_, host_sumsq_, 0.0f);
+    ops::sum_squares(*host_be_, host_group_grads_.data(), int(host_group_grads_.size()), host_sumsq_);
+    ops::copy(be_, host_sumsq_, sumsq_);
+  } else {
+    grad_list_.clear();
+    for (int k = 0; k < model_->num_groups(); ++k) grad_list_.push_back(model_->grad(k));
+    // One launch for the norm of every group (per 48 tensors).
+    ops::fill(be_, sumsq_, 0.0f);
+    ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
+  }
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_, loss_scaling() ? &scaler_ : nullptr);
-  const OptimizerTarget target{model_->layout(),
-                               model_->weights(),
-                               model_->mixed() ? model_->compute_weights() : Tensor{},
-                               grad_list_,
-                               norm_coef_,
-                               optimizer_scalars_};
-  optimizer_->update(be_, mem, target);
+  if (offload_) {
+    offload_update(mem);
+  } else {
+    const OptimizerTarget target{model_->layout(),
+                                 model_->weights(),
+                                 model_->mixed() ? model_->compute_weights() : Tensor{},
+                                 grad_list_,
+                                 norm_coef_,
+                                 optimizer_scalars_};
+    optimizer_->update(be_, mem, target);
+  }
   if (loss_scaling() && !be_.dry_run) {
     Tensor skipped = host_tensor(scaler_host_, DType::F32, {1}), state = host_tensor(scaler_host_ + 1, DType::F32, {2});
     ops::copy(be_, norm_coef_.rows(2, 3), skipped);
@@ -499,6 +560,25 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
     model_->release_grads(mem);
   else
     for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+}
+
+// The offloaded update: gradients and the clip coefficient down, the optimizer's own update
+// on the host backend over the host buffers, the updated weights up.
+void TrainingRun::offload_update(BufferSource& mem) {
+  ops::copy(be_, norm_coef_, host_norm_coef_);
+  if (!scoped_grads_)
+    for (int k = 0; k < model_->num_groups(); ++k) ops::copy(be_, model_->grad(k), host_group_grads_[size_t(k)]);
+  if (!be_.dry_run) be_.wait_for_reads();
+  const bool mixed = model_->mixed();
+  const OptimizerTarget target{model_->layout(),
+                               mixed ? model_->weights() : host_master_,
+                               mixed ? host_half_ : Tensor{},
+                               host_group_grads_,
+                               host_norm_coef_,
+                               host_tensor(host_scalars_, DType::F32, {kOptimizerScalarsSize})};
+  HostCategories host(mem);
+  optimizer_->update(*host_be_, host, target);
+  ops::copy(be_, mixed ? host_half_ : host_master_, model_->compute_weights());
 }
 
 double TrainingRun::take_loss_sum() {

@@ -1,0 +1,101 @@
+// --offload_optimizer on a GPU: the update on the host equals the update on the device up to
+// the device kernel's rounding, in fp32, bf16 and fp16, and the device holds no master
+// weights or optimizer state.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "gpu/small_bert.h"
+#include "hone/cuda.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+double rel_frobenius(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+TEST(OffloadGpu, EqualsTheUpdateOnTheGpu) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  auto be = make_cuda_backend({});
+  const BertConfig c = test::small_bert();
+  const ParamLayout layout(c);
+  std::vector<float> w0(size_t(layout.count()));
+  init_weights(c, layout, w0.data(), 11);
+  for (const char* optim : {"adamw_torch", "adafactor"})
+    for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+      if (t != DType::F32 && !mixed_precision_available(nullptr)) continue;
+      auto train = [&](bool offload, double& loss) {
+        TrainingArguments a;
+        a.per_device_train_batch_size = 4;
+        a.gradient_accumulation_steps = 2;
+        a.max_grad_norm = 0.5;
+        a.weight_decay = 0.01;
+        a.optim = optim;
+        a.bf16 = t == DType::BF16;
+        a.fp16 = t == DType::F16;
+        a.offload_optimizer = offload;
+        TrainingRun run(a, c, 64, *be, gradient_memory_for(a));
+        if (a.fp16) run.set_scaler_state({256.0, 0, 0});
+        run.write_weights(w0.data());
+        std::mt19937 g(5);
+        loss = 0;
+        for (int update = 1; update <= 3; ++update) {
+          for (int micro = 0; micro < 2; ++micro) {
+            const test::TaskBatch b = test::random_batch(g, 4, 64, c.vocab_size);
+            run.micro_step(b.ids.data(), b.mask.data(), b.types.data(), b.labels.data(), 4, 0.5f,
+                           uint64_t(2 * update + micro));
+          }
+          run.optimizer_step(1e-3, update);
+          loss += run.take_loss_sum();
+        }
+        std::vector<float> w(w0.size());
+        run.read_weights(w.data());
+        return w;
+      };
+      double loss_gpu = 0, loss_host = 0;
+      const std::vector<float> on_gpu = train(false, loss_gpu), on_host = train(true, loss_host);
+      const double err = rel_frobenius(on_host, on_gpu), moved = rel_frobenius(on_gpu, w0);
+      std::printf("[%s %s] offloaded vs on the GPU after 3 updates: weights rel err %.2e (moved %.2e), loss %.6f vs %.6f\n",
+                  optim, dtype_name(t), err, moved, loss_host, loss_gpu);
+      // fp32: the GPU kernel's fused multiply-adds against the host's separate roundings,
+      // a few ulps of each update; under mixed precision a rounded weight that lands on the
+      // other side of a bf16/fp16 step changes the next gradients at that format's precision.
+      EXPECT_LT(err, t == DType::F32 ? 1e-6 : 1e-4) << optim << " " << dtype_name(t);
+      EXPECT_GT(moved, 1e-5) << optim << " " << dtype_name(t);
+      EXPECT_NEAR(loss_host, loss_gpu, (t == DType::F32 ? 1e-5 : 1e-3) * std::abs(loss_gpu)) << optim;
+    }
+}
+
+TEST(OffloadGpu, DeviceHoldsNoMasterWeightsOrOptimizerState) {
+  std::string why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  auto be = make_cuda_backend({});
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.bf16 = true;
+  a.offload_optimizer = true;
+  const BertConfig c = test::small_bert();
+  TrainingRun run(a, c, 64, *be, gradient_memory_for(a));
+  for (Category k : {Category::MasterWeights, Category::OptimizerState})
+    EXPECT_EQ(run.memory().arena_bytes(k), 0u) << category_name(k);
+  EXPECT_GT(run.memory().arena_bytes(Category::HostOptimizerState), 0u);
+  EXPECT_EQ(run.memory().plan().host_bytes(), run.memory().arena_bytes(Category::HostMasterWeights) +
+                                                  run.memory().arena_bytes(Category::HostGradients) +
+                                                  run.memory().arena_bytes(Category::HostOptimizerState) +
+                                                  run.memory().arena_bytes(Category::HostWorkspace));
+}
+
+}  // namespace
+}  // namespace hone
