@@ -68,7 +68,7 @@ TEST(OffloadGpu, EqualsTheUpdateOnTheGpu) {
       const std::vector<float> on_gpu = train(false, loss_gpu), on_host = train(true, loss_host);
       const double err = rel_frobenius(on_host, on_gpu), moved = rel_frobenius(on_gpu, w0);
       std::printf("[%s %s] offloaded vs on the GPU after 3 updates: weights rel err %.2e (moved %.2e), loss %.6f vs %.6f\n",
-                  optim, dtype_name(t), err, moved, loss_host, loss_gpu);
+                  optim, std::string(dtype_name(t)).c_str(), err, moved, loss_host, loss_gpu);
       // fp32: the GPU kernel's fused multiply-adds against the host's separate roundings,
       // a few ulps of each update; under mixed precision a rounded weight that lands on the
       // other side of a bf16/fp16 step changes the next gradients at that format's precision.
