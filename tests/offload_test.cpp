@@ -85,6 +85,51 @@ TEST(OffloadRun, EqualsTheUpdateOnTheDeviceBitForBit) {
   }
 }
 
+// A checkpoint of an offloaded run holds the host's optimizer state: resumed offloaded or
+// not, the run ends where the uninterrupted run on the device does, bit for bit.
+TEST(OffloadRun, ResumesBitForBitWithOrWithoutOffloading) {
+  auto run_training = [](TrainingArguments a, int64_t stop_after, TrainerState* state) {
+    CpuBackend be;
+    const BertConfig c = tiny();
+    TrainingRun run(a, c, 16, be, gradient_memory_for(a));
+    std::vector<float> w(size_t(run.model().layout().count()));
+    init_weights(c, run.model().layout(), w.data(), a.seed);
+    run.write_weights(w.data());
+    std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, false);
+    TrainCallbacks cb;
+    if (stop_after > 0) cb.should_stop = [&](int64_t step) { return step == stop_after; };
+    train(run, a, TrainData{*data}, ModelFiles{c}, cb, state);
+    run.read_weights(w.data());
+    return w;
+  };
+  auto args = [](const std::string& out, bool offload) {
+    TrainingArguments a;
+    a.dataset = "synthetic:24x16";
+    a.per_device_train_batch_size = 4;
+    a.gradient_accumulation_steps = 2;
+    a.num_train_epochs = 3;  // 9 updates
+    a.learning_rate = 1e-3;
+    a.save_steps = 4;
+    a.logging_steps = 3;
+    a.output_dir = out;
+    a.offload_optimizer = offload;
+    return a;
+  };
+  test::TempDir straight_dir;
+  TrainerState straight_state;
+  const std::vector<float> straight = run_training(args(straight_dir.path, false), -1, &straight_state);
+  for (bool resume_offloaded : {true, false}) {
+    SCOPED_TRACE(resume_offloaded ? "resumed offloaded" : "resumed on the device");
+    test::TempDir dir;
+    run_training(args(dir.path, true), 6, nullptr);  // dies after checkpoint-4 and two more updates
+    TrainingArguments resumed = args(dir.path, resume_offloaded);
+    resumed.resume_from_checkpoint = "last";
+    TrainerState state;
+    EXPECT_EQ(run_training(resumed, -1, &state), straight);
+    EXPECT_EQ(state.total_loss, straight_state.total_loss);
+  }
+}
+
 TEST(OffloadPlan, PutsMasterWeightsGradientsAndStateOnTheHost) {
   CpuBackend be;
   const BertConfig c = tiny();
