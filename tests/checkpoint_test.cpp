@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -172,6 +173,42 @@ TEST(Checkpoint, HoldsTheModelOptimizerSchedulerRngAndTrainerState) {
   EXPECT_EQ(src.config.hidden_size, 16);
   SafetensorsFile opt((ck / "optimizer.safetensors").string());
   EXPECT_EQ(opt.find("exp_avg")->numel(), ParamLayout(tiny_config()).count());
+}
+
+// A NaN in the saved optimizer state is refused at resume, naming the tensor and element,
+// rather than carried by every later update into the weights.
+TEST(Checkpoint, ResumingNonFiniteOptimizerStateIsAnError) {
+  test::TempDir dir;
+  TrainingArguments a = resume_args(dir.path);
+  a.max_steps = 4;
+  run_training(a);
+  const std::string path = (fs::path(checkpoint_path(dir.path, 4)) / "optimizer.safetensors").string();
+  // Rewrite the file with exp_avg[5] = NaN.
+  std::vector<NamedTensor> tensors;
+  std::vector<std::vector<std::byte>> bytes;
+  std::map<std::string, std::string> meta;
+  {
+    SafetensorsFile opt(path);
+    meta = opt.metadata();
+    for (const SafetensorsEntry& e : opt.entries()) {
+      bytes.emplace_back(e.data, e.data + e.bytes);
+      if (e.name == "exp_avg") reinterpret_cast<float*>(bytes.back().data())[5] = std::nanf("");
+      Shape shape;
+      shape.rank = int(e.shape.size());
+      for (size_t d = 0; d < e.shape.size(); ++d) shape.dims[d] = e.shape[d];
+      tensors.push_back({e.name, Tensor{bytes.back().data(), e.dtype, shape, Device::CPU}});
+    }
+  }
+  write_safetensors(path, tensors, meta);
+  TrainingArguments resumed = resume_args(dir.path);
+  resumed.resume_from_checkpoint = "last";
+  try {
+    run_training(resumed);
+    ADD_FAILURE() << "a NaN in exp_avg was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer state 'exp_avg' is not finite at [5]"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Checkpoint, ResumingADifferentModelIsAnError) {

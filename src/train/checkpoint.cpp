@@ -80,6 +80,10 @@ void load_optimizer_state(const std::string& path, TrainingRun& run) {
     if (e->dtype != s.tensor.dtype || e->numel() != s.tensor.numel())
       fail("{}: {} is {} of {} elements; this run's --optim {} keeps {} of {}", path, s.name, dtype_name(e->dtype),
            e->numel(), opt.name(), dtype_name(s.tensor.dtype), s.tensor.numel());
+    // A NaN moment would pass through every later update into the weights.
+    if (const int64_t bad = first_non_finite(*e); bad >= 0)
+      fail("{}: optimizer state '{}' is not finite at {} (a damaged file, or saved from a run that diverged)", path,
+           s.name, element_index(e->shape, bad));
     run.copy_from_host(e->data, s.tensor);
   }
 }
