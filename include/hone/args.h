@@ -19,6 +19,9 @@ struct TrainingArguments {
   std::string config_name;  // a config.json, a directory with one, or a built-in name; default: the model's
   std::string dataset = "synthetic:512x512";     // synthetic:NxL, used when there is no --train_file
   std::string output_dir = "trainer_output";     // transformers 5 default
+  // A new run in an output_dir with an earlier run's trainer_log.jsonl replaces it (without
+  // this flag the earlier log is kept under a numbered name).
+  bool overwrite_output_dir = false;
   // text data (the names of transformers' run_classification.py)
   std::string train_file, validation_file, test_file;  // JSONL, CSV or TSV
   std::string text_column = "sentence";

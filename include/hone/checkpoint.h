@@ -30,6 +30,16 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // --resume_from_checkpoint: a directory, or "last" for the newest one in output_dir.
 std::string resolve_checkpoint(const std::string& spec, const std::string& output_dir);
 
+// What an interrupted save leaves in a directory: hone's temporaries `.<name>.tmp.<pid>`
+// (a checkpoint or file being written) and `.<name>.old.<pid>` (a checkpoint being
+// replaced) whose process is gone. Removes them (never a live process's) and returns what
+// it removed with the bytes each held.
+struct StaleTemporary {
+  std::string path;
+  uint64_t bytes;
+};
+std::vector<StaleTemporary> remove_stale_temporaries(const std::string& dir);
+
 // --save_total_limit: removes the oldest checkpoints beyond `limit`, never `keep` (the
 // best one). Returns the removed paths.
 std::vector<std::string> rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep);

@@ -257,6 +257,9 @@ struct TrainCallbacks {
   // Asked after each update (and its log, evaluation and checkpoint); true stops the run
   // there, as an interruption would.
   std::function<bool(int64_t step)> should_stop;
+  // A stop asked for (Ctrl-C) rather than a crash simulated: save a checkpoint of the
+  // step it stops after, unless saving is off or that step was just saved.
+  bool save_when_stopped = false;
 };
 
 struct TrainData {

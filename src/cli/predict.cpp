@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/report.h"
 #include "cli/setup.h"
+#include "hone/checkpoint.h"
 #include "hone/safetensors.h"
 #include "hone/trainer.h"
 
@@ -65,6 +66,8 @@ int predict_command(const TrainingArguments& a) {
   std::error_code ec;
   std::filesystem::create_directories(a.output_dir, ec);
   if (ec) fail("cannot create --output_dir {}: {}", a.output_dir, ec.message());
+  for (const StaleTemporary& t : remove_stale_temporaries(a.output_dir))
+    fmt::print("notice: removed {} ({:.1f} MB), left by an interrupted save\n", t.path, double(t.bytes) / 1e6);
   const std::string path = (std::filesystem::path(a.output_dir) / "predictions.jsonl").string();
   write_file_atomic(path, out);
   if (in.test_has_labels) {

@@ -16,7 +16,9 @@
 #include "cli/progress.h"
 #include "cli/report.h"
 #include "cli/setup.h"
+#include "cli/stop_signals.h"
 #include "cli/timeline.h"
+#include "hone/checkpoint.h"
 #include "hone/cuda.h"
 #include "hone/deepspeed.h"
 #include "hone/fit.h"
@@ -194,8 +196,24 @@ int train_command(const TrainingArguments& requested) {
   std::error_code ec;
   fs::create_directories(a.output_dir, ec);
   if (ec) fail("cannot create --output_dir {}: {}", a.output_dir, ec.message());
+  for (const StaleTemporary& t : remove_stale_temporaries(a.output_dir))
+    fmt::print("notice: removed {} ({:.1f} MB), left by an interrupted save\n", t.path, double(t.bytes) / 1e6);
   const std::string log_path = (fs::path(a.output_dir) / "trainer_log.jsonl").string();
-  // A resumed run continues the log of the run it resumes.
+  // A resumed run continues the log of the run it resumes; a new run keeps an earlier run's
+  // log under a numbered name, unless told to overwrite it.
+  if (a.resume_from_checkpoint.empty() && fs::file_size(log_path, ec) > 0 && !ec) {
+    if (a.overwrite_output_dir) {
+      fmt::print("notice: replacing the earlier run's {} (--overwrite_output_dir)\n", log_path);
+    } else {
+      std::string kept;
+      for (int n = 1; kept.empty() || fs::exists(kept); ++n)
+        kept = (fs::path(a.output_dir) / fmt::format("trainer_log.{}.jsonl", n)).string();
+      fs::rename(log_path, kept, ec);
+      if (ec) fail("cannot keep the earlier run's {} as {}: {}", log_path, kept, ec.message());
+      fmt::print("notice: kept the earlier run's log as {} (--overwrite_output_dir replaces it)\n", kept);
+    }
+  }
+  ec.clear();
   std::FILE* log = std::fopen(log_path.c_str(), a.resume_from_checkpoint.empty() ? "w" : "a");
   if (!log) fail("cannot write {}", log_path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_closer(log, std::fclose);
@@ -230,8 +248,27 @@ int train_command(const TrainingArguments& requested) {
   };
   const ModelFiles files{cfg, in.tokenizer.get()};
   TrainerState state;
-  TrainMetrics m = train(run, a, TrainData{*in.train, in.eval.get()}, files, cb, &state);
+  TrainMetrics m;
+  {
+    StopSignals stop;  // Ctrl-C and SIGTERM stop after the update in progress, with a checkpoint
+    cb.should_stop = [](int64_t) { return StopSignals::received() != 0; };
+    cb.save_when_stopped = true;
+    m = train(run, a, TrainData{*in.train, in.eval.get()}, files, cb, &state);
+  }
   bar.finish();
+  if (const int sig = StopSignals::received()) {
+    // Nothing of a finished run is written: no final model, no train_results.json.
+    const std::string where = checkpoint_path(a.output_dir, state.global_step);
+    if (a.save_strategy != "no")
+      fmt::print("hone: interrupted by {} after update {} of {}; checkpoint saved to {} (continue with "
+                 "--resume_from_checkpoint {})\n",
+                 signal_name(sig), state.global_step, sc.total_updates, where, where);
+    else
+      fmt::print("hone: interrupted by {} after update {} of {}; no checkpoint saved (--save_strategy no)\n",
+                 signal_name(sig), state.global_step, sc.total_updates);
+    std::fflush(stdout);
+    return 128 + sig;
+  }
   timeline.mark("train");
   std::optional<GpuMemory> after_train = print_gpu_memory(be, "after training");
 

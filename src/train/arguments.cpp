@@ -59,6 +59,8 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
       "Configuration to use instead of the model's: a config.json, a directory with one, or a built-in name");
   add(app, "dataset", a.dataset, "synthetic:NxL (N sequences of L tokens), used without --train_file");
   add(app, "output_dir", a.output_dir, "Where checkpoints and logs are written");
+  add_bool(app, "overwrite_output_dir", a.overwrite_output_dir,
+           "Replace an earlier run's trainer_log.jsonl in output_dir (else it is kept under a numbered name)");
   add(app, "train_file", a.train_file, "Training examples: JSONL, CSV or TSV");
   add(app, "validation_file", a.validation_file, "Evaluation examples: JSONL, CSV or TSV");
   add(app, "test_file", a.test_file, "Examples to predict (hone predict): JSONL, CSV or TSV");

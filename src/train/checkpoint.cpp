@@ -1,11 +1,14 @@
 #include "hone/checkpoint.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <filesystem>
+#include <regex>
 #include <fstream>
 
 #include "hone/error.h"
@@ -89,6 +92,31 @@ void load_optimizer_state(const std::string& path, TrainingRun& run) {
 }
 
 }  // namespace
+
+std::vector<StaleTemporary> remove_stale_temporaries(const std::string& dir) {
+  std::vector<StaleTemporary> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  static const std::regex pattern(R"(^\..+\.(tmp|old)\.([0-9]{1,9})$)");
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, pattern)) continue;
+    const pid_t pid = pid_t(std::stol(m[2].str()));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    uint64_t bytes = 0;
+    if (e.is_directory(ec)) {
+      for (const auto& f : fs::recursive_directory_iterator(e.path(), ec))
+        if (f.is_regular_file(ec)) bytes += f.file_size(ec);
+    } else {
+      bytes = e.file_size(ec);
+    }
+    fs::remove_all(e.path(), ec);
+    if (ec) fail("cannot remove {}, left by an interrupted save: {}", e.path().string(), ec.message());
+    removed.push_back({e.path().string(), bytes});
+  }
+  return removed;
+}
 
 std::string checkpoint_path(const std::string& output_dir, int64_t step) {
   return (fs::path(output_dir) / fmt::format("{}{}", kPrefix, step)).string();
@@ -186,6 +214,7 @@ void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles&
     write_file_atomic((tmp / "scaler.json").string(), sj.dump(2) + "\n");
   }
   write_file_atomic((tmp / "trainer_state.json").string(), state.to_json(a, sc).dump(2) + "\n");
+  write_file_atomic((tmp / "training_args.json").string(), to_json(a).dump(2) + "\n");  // Trainer: training_args.bin
   sync_directory(tmp.string());
 
   // Replace an existing checkpoint of the same step only once the new one is complete.

@@ -148,10 +148,11 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
       if ((a.eval_strategy == "steps" && st.global_step % eval_every == 0) ||
           (a.eval_strategy == "epoch" && epoch_end))
         best_now = eval();
-      if ((a.save_strategy == "steps" && (st.global_step % a.save_steps == 0 || last)) ||
-          (a.save_strategy == "epoch" && epoch_end) || (a.save_strategy == "best" && best_now))
-        save(best_now);
+      const bool saved = (a.save_strategy == "steps" && (st.global_step % a.save_steps == 0 || last)) ||
+                         (a.save_strategy == "epoch" && epoch_end) || (a.save_strategy == "best" && best_now);
+      if (saved) save(best_now);
       if (cb.should_stop && cb.should_stop(st.global_step)) {
+        if (cb.save_when_stopped && a.save_strategy != "no" && !saved) save(false);
         stopped = true;
         break;
       }
