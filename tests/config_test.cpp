@@ -362,6 +362,29 @@ TEST(Config, LoadErrorsNameThePath) {
   expect_error([&] { BertConfig::load(dir.path); }, {"cannot read config.json at " + dir.path});
 }
 
+// A number no double holds (1e400, which Python's json reads as inf) made nlohmann throw
+// out_of_range, not parse_error: it escaped, and hone died of std::terminate.
+TEST(Config, NumberOverflowIsAnErrorNamingTheFile) {
+  TempDir dir;
+  const std::string path = dir.path + "/config.json";
+  for (const char* text : {R"({"hidden_size": 1e400})", R"({"id2label": 1e400, "hidden_size": 32})",
+                           R"({"layer_norm_eps": -1e400})"}) {
+    std::ofstream(path) << text;
+    expect_error([&] { BertConfig::load(path); }, {path + ": invalid JSON", "number overflow"});
+  }
+}
+
+// A null field's type reads "null", not "null null".
+TEST(Config, NullFieldsNameTheirType) {
+  expect_error([] { parse(json::parse(R"({"hidden_size": null})")); },
+               {"field 'hidden_size' must be an integer, got null"});
+  try {
+    parse(json::parse(R"({"hidden_size": null})"));
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("null null"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, BuiltinConfigs) {
   struct Sizes {
     const char* name;

@@ -101,7 +101,7 @@ bool is_problem_type(const std::string& s) {
 
 // What a field held, for type errors: `string "768"`, `array`.
 std::string describe(const json& v) {
-  if (v.is_structured()) return v.type_name();
+  if (v.is_structured() || v.is_null()) return v.type_name();
   return fmt::format("{} {}", v.type_name(), v.dump());
 }
 
@@ -232,7 +232,7 @@ BertConfig BertConfig::load(const std::string& path) {
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 1e400
     fail("{}: invalid JSON: {}", path, e.what());
   }
   return from_json(j, path);

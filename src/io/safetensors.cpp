@@ -115,7 +115,7 @@ void parse_file(const std::string& path, const std::byte* base, uint64_t size,
   json header;
   try {
     header = json::parse(text, text + n);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number such as 1e400
     fail("{}: header is not valid JSON: {}", path, e.what());
   }
   if (!header.is_object()) fail("{}: header must be a JSON object, got {}", path, header.type_name());
