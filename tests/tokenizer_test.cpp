@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -253,6 +254,103 @@ TEST(Tokenizer, LoadErrorsNameTheFile) {
   expect_load_error(tmp.path, {"tokenizer_config.json", "RobertaTokenizer"});
   write_text(tmp.path + "/tokenizer_config.json", R"({"do_lower_case": "yes"})");
   expect_load_error(tmp.path, {"tokenizer_config.json"});
+}
+
+// The cased fixture's tokenizer.json with `change` applied, in tmp; the load must fail
+// with every one of `parts` in the message.
+void expect_json_error(const std::function<void(json&)>& change, const std::vector<std::string>& parts) {
+  test::TempDir tmp;
+  json j = json::parse(read_text(variant("cased") + "/tokenizer.json"));
+  change(j);
+  write_text(tmp.path + "/tokenizer.json", j.dump());
+  std::vector<std::string> all = parts;
+  all.push_back(tmp.path + "/tokenizer.json");
+  expect_load_error(tmp.path, all);
+}
+
+// An id far beyond the file's tokens made the vocabulary (a vector indexed by id) that
+// long: 2^31 - 1 in tokenizer.json or as a key of added_tokens_decoder asked for 64 GB, and
+// hone ended in "out of host memory" without naming the file.
+TEST(Tokenizer, IdsBeyondTheFileAreRefusedBeforeAllocating) {
+  expect_json_error([](json& j) { j["model"]["vocab"]["hello"] = 2147483647; },
+                    {"token \"hello\" has id 2147483647, but the file defines"});
+  expect_json_error([](json& j) { j["added_tokens"][1]["id"] = 1000000000; },
+                    {"added token \"[UNK]\" has id 1000000000, but the file defines"});
+  test::TempDir tmp;
+  write_text(tmp.path + "/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n");
+  write_text(tmp.path + "/tokenizer_config.json",
+             R"({"added_tokens_decoder": {"2147483647": {"content": "[NEW]", "special": true}}})");
+  expect_load_error(tmp.path, {tmp.path + "/tokenizer_config.json", "\"[NEW]\" has id 2147483647",
+                               "the file defines 6 tokens"});
+  // The next id after the vocabulary is an added token's, as transformers saves one.
+  write_text(tmp.path + "/tokenizer_config.json",
+             R"({"added_tokens_decoder": {"5": {"content": "[NEW]", "special": true}}})");
+  EXPECT_EQ(WordPieceTokenizer::load(tmp.path).vocab_size(), 6);
+}
+
+// nlohmann's get<int32_t> took 1.5 as 1 and 4294967296 as 0, and std::stoi read the key
+// "1.5" as 1: each loaded as some other token's id.
+TEST(Tokenizer, IdsThatAreNotIntegersAreRefused) {
+  expect_json_error([](json& j) { j["model"]["vocab"]["hello"] = 1.5; },
+                    {"token \"hello\" has id 1.5, which is not a token id"});
+  expect_json_error([](json& j) { j["model"]["vocab"]["hello"] = 4294967296ll; },
+                    {"token \"hello\" has id 4294967296"});
+  expect_json_error([](json& j) { j["added_tokens"][0]["id"] = "0"; },
+                    {"added token \"[PAD]\" has id string \"0\", which is not a token id"});
+  expect_json_error([](json& j) { j["model"]["vocab"]["hello"] = -3; }, {"has id -3, which is not a token id"});
+  test::TempDir tmp;
+  write_text(tmp.path + "/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n");
+  for (const char* key : {"1.5", "-1", "", "0x5", "null"}) {
+    write_text(tmp.path + "/tokenizer_config.json",
+               json{{"added_tokens_decoder", {{key, {{"content", "[NEW]"}}}}}}.dump());
+    expect_load_error(tmp.path, {tmp.path + "/tokenizer_config.json", "added_tokens_decoder key",
+                                 "is not a token id"});
+  }
+}
+
+// The post-processor's ids went into every encoding unchecked: -1 or 10^6 stopped the
+// run at its first batch ("token id -1 is out of range for the model's vocab_size"),
+// naming no file, and 2^32 loaded as 0.
+TEST(Tokenizer, PostProcessorIdsMustBeTokens) {
+  expect_json_error([](json& j) { j["post_processor"]["special_tokens"]["[CLS]"]["ids"] = {1000000}; },
+                    {"post_processor special token \"[CLS]\" has id 1000000, but the file defines"});
+  expect_json_error([](json& j) { j["post_processor"]["special_tokens"]["[SEP]"]["ids"] = {-1}; },
+                    {"post_processor special token \"[SEP]\" has id -1"});
+  expect_json_error([](json& j) { j["post_processor"]["special_tokens"]["[SEP]"]["ids"] = {4294967296ll}; },
+                    {"has id 4294967296"});
+  expect_json_error(
+      [](json& j) {
+        j["post_processor"] = {{"type", "BertProcessing"}, {"cls", {"[CLS]", 101}}, {"sep", {"[SEP]", 99999}}};
+      },
+      {"post_processor sep has id 99999"});
+  expect_json_error([](json& j) { j["post_processor"]["pair"][3]["Sequence"]["type_id"] = -1; },
+                    {"post_processor.pair[3].Sequence.type_id must be a non-negative integer, got number -1"});
+}
+
+// A value of the wrong type named neither the field nor, for a special token, which one:
+// "bad special token: [json.exception.type_error.302] type must be string, but is number".
+TEST(Tokenizer, TypeErrorsNameTheField) {
+  expect_json_error([](json& j) { j["normalizer"]["lowercase"] = "yes"; },
+                    {"normalizer.lowercase must be true or false, got string \"yes\""});
+  expect_json_error([](json& j) { j["model"]["unk_token"] = 5; }, {"model.unk_token must be a string, got number 5"});
+  expect_json_error([](json& j) { j["model"]["vocab"] = json::array(); }, {"model.vocab must be an object"});
+  expect_json_error([](json& j) { j["added_tokens"][2]["content"] = nullptr; },
+                    {"added_tokens[2].content must be a string, got null"});
+  expect_json_error([](json& j) { j["model"]["max_input_chars_per_word"] = 1.5; },
+                    {"model.max_input_chars_per_word must be a non-negative integer"});
+  expect_json_error([](json& j) { j["post_processor"]["single"][1] = "A"; },
+                    {"post_processor.single[1] must be an object with \"Sequence\" or \"SpecialToken\""});
+  test::TempDir tmp;
+  write_text(tmp.path + "/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n");
+  write_text(tmp.path + "/special_tokens_map.json", R"({"cls_token": 5})");
+  expect_load_error(tmp.path, {tmp.path + "/special_tokens_map.json", "cls_token must be a token", "got number 5"});
+  write_text(tmp.path + "/special_tokens_map.json", R"({"sep_token": {"content": ["[SEP]"]}})");
+  expect_load_error(tmp.path, {"sep_token.content must be a string, got array"});
+  fs::remove(tmp.path + "/special_tokens_map.json");
+  write_text(tmp.path + "/tokenizer_config.json", R"({"strip_accents": "no"})");
+  expect_load_error(tmp.path, {"tokenizer_config.json: strip_accents must be true, false or null, got string"});
+  write_text(tmp.path + "/tokenizer_config.json", R"({"added_tokens_decoder": {"5": "[NEW]"}})");
+  expect_load_error(tmp.path, {"added_tokens_decoder[\"5\"] must be an object, got string"});
 }
 
 TEST(Tokenizer, VocabTxtDefaultsAndLineEndings) {

@@ -36,6 +36,10 @@ class WordPieceTokenizer {
   int32_t pad_id() const { return pad_id_; }
   int32_t unk_id() const { return unk_id_; }
   int vocab_size() const { return int(tokens_.size()); }
+  // The file the vocabulary came from (tokenizer.json or vocab.txt), for messages.
+  const std::string& vocabulary_file() const { return vocabulary_file_; }
+  // The largest token type id the post-processor gives (0 or 1 for BERT's template).
+  int max_type_id() const;
   const std::string& token(int32_t id) const;
 
   // Writes what transformers' AutoTokenizer.from_pretrained needs into dir: the source's
@@ -76,6 +80,7 @@ class WordPieceTokenizer {
   std::string cls_token_ = "[CLS]", sep_token_ = "[SEP]", pad_token_ = "[PAD]", mask_token_ = "[MASK]";
   int32_t cls_id_ = 0, sep_id_ = 0, pad_id_ = 0, unk_id_ = 0;
   std::map<std::string, std::string> source_files_;  // file name -> content, for save()
+  std::string vocabulary_file_;
 };
 
 }  // namespace hone

@@ -7,6 +7,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -185,18 +186,123 @@ json parse_json(const std::string& content, const fs::path& p) {
   }
 }
 
+// ---------------------------------------------------------------- typed reads
+// nlohmann's own type errors ("type must be string, but is number") name neither the file
+// nor the field: these do both, and say what the field must be.
+
+std::string describe(const json& v) {
+  if (v.is_structured() || v.is_null()) return v.type_name();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return fmt::format("{} {}", v.type_name(), s);
+}
+
+[[noreturn]] void wrong_type(const std::string& file, const std::string& field, std::string_view expected,
+                             const json& v) {
+  fail("tokenizer: {}: {} must be {}, got {}", file, field, expected, describe(v));
+}
+
+std::string field_name(const std::string& where, std::string_view key) {
+  return where.empty() ? std::string(key) : where + "." + std::string(key);
+}
+
+// obj[key], or null when absent; `obj` (the field `where`, "" for the whole file) must be
+// an object.
+const json& member(const json& obj, const std::string& file, const std::string& where, std::string_view key) {
+  static const json null_value;
+  if (!obj.is_object()) wrong_type(file, where.empty() ? "the file's JSON" : where, "an object", obj);
+  auto it = obj.find(key);
+  return it == obj.end() ? null_value : *it;
+}
+
+// An object field that must be present.
+const json& object_member(const json& obj, const std::string& file, const std::string& where, std::string_view key) {
+  const json& v = member(obj, file, where, key);
+  if (!v.is_object()) wrong_type(file, field_name(where, key), "an object", v);
+  return v;
+}
+
+bool get_bool(const json& obj, const std::string& file, const std::string& where, std::string_view key,
+              bool fallback) {
+  const json& v = member(obj, file, where, key);
+  if (v.is_null() && !obj.contains(key)) return fallback;
+  if (!v.is_boolean()) wrong_type(file, field_name(where, key), "true or false", v);
+  return v.get<bool>();
+}
+
+// Absent or null: unset (strip_accents: follow lowercase).
+std::optional<bool> get_nullable_bool(const json& obj, const std::string& file, const std::string& where,
+                                      std::string_view key) {
+  const json& v = member(obj, file, where, key);
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_boolean()) wrong_type(file, field_name(where, key), "true, false or null", v);
+  return v.get<bool>();
+}
+
+std::string get_string(const json& obj, const std::string& file, const std::string& where, std::string_view key,
+                       const std::string& fallback) {
+  const json& v = member(obj, file, where, key);
+  if (v.is_null() && !obj.contains(key)) return fallback;
+  if (!v.is_string()) wrong_type(file, field_name(where, key), "a string", v);
+  return v.get<std::string>();
+}
+
+std::string require_string(const json& obj, const std::string& file, const std::string& where,
+                           std::string_view key) {
+  const json& v = member(obj, file, where, key);
+  if (!v.is_string()) wrong_type(file, field_name(where, key), "a string", v);
+  return v.get<std::string>();
+}
+
+// An array field; absent or null is empty.
+const json& get_array(const json& obj, const std::string& file, const std::string& where, std::string_view key) {
+  static const json empty = json::array();
+  const json& v = member(obj, file, where, key);
+  if (v.is_null()) return empty;
+  if (!v.is_array()) wrong_type(file, field_name(where, key), "an array", v);
+  return v;
+}
+
 // A special token in tokenizer_config.json / special_tokens_map.json: "[CLS]" or
 // {"content": "[CLS]", ...}.
-void read_special_names(const json& j, std::string* cls, std::string* sep, std::string* pad, std::string* unk,
-                        std::string* mask) {
+void read_special_names(const json& j, const std::string& file, std::string* cls, std::string* sep,
+                        std::string* pad, std::string* unk, std::string* mask) {
   const std::pair<const char*, std::string*> fields[] = {
       {"cls_token", cls}, {"sep_token", sep}, {"pad_token", pad}, {"unk_token", unk}, {"mask_token", mask}};
   for (auto [key, out] : fields) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) continue;
-    if (it->is_object()) *out = it->at("content").get<std::string>();
-    else *out = it->get<std::string>();
+    const json& v = member(j, file, "", key);
+    if (v.is_null()) continue;
+    const json& name = v.is_object() ? member(v, file, key, "content") : v;
+    if (!name.is_string()) {
+      if (v.is_object()) wrong_type(file, field_name(key, "content"), "a string", name);
+      wrong_type(file, key, "a token (a string, or an object with a string \"content\")", v);
+    }
+    *out = name.get<std::string>();
   }
+}
+
+// A non-negative integer field (a count, a type id). JSON has one number type, and
+// nlohmann's get<int> would take 1.5 as 1 and 2^32 as 0: anything but an integer in
+// [0, limit) is an error naming the file and the field.
+int64_t read_count(const json& v, const std::string& file, const std::string& what, int64_t limit) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+    wrong_type(file, what, "a non-negative integer", v);
+  if (v.get<uint64_t>() >= uint64_t(limit))
+    fail("tokenizer: {}: {} is {}, more than hone's limit of {}", file, what, v.dump(), limit - 1);
+  return int64_t(v.get<uint64_t>());
+}
+
+// A token id of a file that defines `defined` tokens (its vocabulary and its added
+// tokens): ids are positions in one vocabulary, so a larger one has no token, and would
+// make the vocabulary (a vector indexed by id) as long as the id.
+int32_t read_id(const json& v, const std::string& file, const std::string& what, size_t defined) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0))
+    fail("tokenizer: {}: {} has id {}, which is not a token id (a non-negative integer)", file, what,
+         v.is_number() ? v.dump() : describe(v));
+  if (v.get<uint64_t>() >= defined)
+    fail("tokenizer: {}: {} has id {}, but the file defines {} tokens (ids 0 to {})", file, what, v.dump(), defined,
+         defined - 1);
+  return int32_t(v.get<uint64_t>());
 }
 
 }  // namespace
@@ -220,26 +326,25 @@ WordPieceTokenizer WordPieceTokenizer::load(const std::string& dir) {
     if (it == t.source_files_.end()) continue;
     json j = parse_json(it->second, root / name);
     if (!j.is_object()) fail("tokenizer: {} is not a JSON object", (root / name).string());
-    try {
-      read_special_names(j, &t.cls_token_, &t.sep_token_, &t.pad_token_, &unk_name, &t.mask_token_);
-    } catch (const json::exception& e) {
-      fail("tokenizer: {}: bad special token: {}", (root / name).string(), e.what());
-    }
+    read_special_names(j, (root / name).string(), &t.cls_token_, &t.sep_token_, &t.pad_token_, &unk_name,
+                       &t.mask_token_);
     if (std::string(name) == "tokenizer_config.json") config = std::move(j);
   }
 
   // Added tokens: the whole-token matches `tokenizers` makes before the model runs.
   // lstrip / rstrip / single_word change what surrounds a match; no BERT tokenizer sets them.
-  auto add_token = [&t](const json& a, const std::string& file) {
+  // `where` names the entry in messages; `defined`: how many tokens the file defines,
+  // which bounds the ids.
+  auto add_token = [&t](const json& a, const std::string& file, const std::string& where, size_t defined) {
+    if (!a.is_object()) wrong_type(file, where, "an object", a);
     for (const char* flag : {"lstrip", "rstrip", "single_word"})
-      if (a.value(flag, false))
+      if (get_bool(a, file, where, flag, false))
         fail("tokenizer: {}: added token {} sets {}, which hone does not support", file, a.dump(), flag);
-    std::string content = a.at("content").get<std::string>();
+    std::string content = require_string(a, file, where, "content");
     if (content.empty()) return;
     AddedToken tok;
-    tok.id = a.at("id").get<int32_t>();
-    if (tok.id < 0) fail("tokenizer: {}: added token {} has a negative id", file, a.dump());
-    tok.normalized = a.value("normalized", !a.value("special", false));
+    tok.id = read_id(member(a, file, where, "id"), file, fmt::format("added token {}", json(content).dump()), defined);
+    tok.normalized = get_bool(a, file, where, "normalized", !get_bool(a, file, where, "special", false));
     tok.content = decode_utf8(content);
     if (size_t(tok.id) >= t.tokens_.size()) t.tokens_.resize(size_t(tok.id) + 1);
     t.tokens_[size_t(tok.id)] = content;  // as the crate's id_to_token, added tokens first
@@ -250,82 +355,112 @@ WordPieceTokenizer WordPieceTokenizer::load(const std::string& dir) {
     const std::string file = (root / "tokenizer.json").string();
     json j = parse_json(it->second, root / "tokenizer.json");
     try {
-      const json& m = j.at("model");
-      if (m.value("type", "") != "WordPiece")
-        fail("tokenizer: {}: model type {} is not supported (only WordPiece)", file, m.value("type", "(none)"));
-      t.unk_token_ = m.value("unk_token", "[UNK]");
-      t.prefix_ = m.value("continuing_subword_prefix", "##");
-      t.max_input_chars_per_word_ = m.value("max_input_chars_per_word", 100);
-      for (const auto& [tok, id_json] : m.at("vocab").items()) {
-        int32_t id = id_json.get<int32_t>();
-        if (id < 0) fail("tokenizer: {}: token {} has a negative id", file, tok);
+      const json& m = object_member(j, file, "", "model");
+      const std::string type = get_string(m, file, "model", "type", "");
+      if (type != "WordPiece")
+        fail("tokenizer: {}: model type {} is not supported (only WordPiece)", file, type.empty() ? "(none)" : type);
+      t.unk_token_ = get_string(m, file, "model", "unk_token", "[UNK]");
+      t.prefix_ = get_string(m, file, "model", "continuing_subword_prefix", "##");
+      if (m.contains("max_input_chars_per_word"))
+        t.max_input_chars_per_word_ = int(read_count(m["max_input_chars_per_word"], file,
+                                                     "model.max_input_chars_per_word", int64_t(1) << 31));
+      const json& vocab = member(m, file, "model", "vocab");
+      if (!vocab.is_object()) wrong_type(file, "model.vocab", "an object of token: id", vocab);
+      const json& added = get_array(j, file, "", "added_tokens");
+      const size_t defined = vocab.size() + added.size();
+      for (const auto& [tok, id_json] : vocab.items()) {
+        const int32_t id = read_id(id_json, file, fmt::format("token {}", json(tok).dump()), defined);
         if (size_t(id) >= t.tokens_.size()) t.tokens_.resize(size_t(id) + 1);
         t.tokens_[size_t(id)] = tok;
         t.vocab_[tok] = id;
       }
 
-      const json& norm = j.value("normalizer", json());
+      const json& norm = member(j, file, "", "normalizer");
       if (norm.is_null()) {
         // No normalizer: the text reaches the pre-tokenizer untouched.
         t.clean_text_ = t.handle_chinese_chars_ = t.lowercase_ = false;
         t.strip_accents_ = false;
-      } else if (norm.value("type", "") == "BertNormalizer") {
-        t.clean_text_ = norm.value("clean_text", true);
-        t.handle_chinese_chars_ = norm.value("handle_chinese_chars", true);
-        t.lowercase_ = norm.value("lowercase", true);
-        if (norm.contains("strip_accents") && !norm["strip_accents"].is_null())
-          t.strip_accents_ = norm["strip_accents"].get<bool>();
+      } else if (const std::string type = get_string(norm, file, "normalizer", "type", "");
+                 type == "BertNormalizer") {
+        t.clean_text_ = get_bool(norm, file, "normalizer", "clean_text", true);
+        t.handle_chinese_chars_ = get_bool(norm, file, "normalizer", "handle_chinese_chars", true);
+        t.lowercase_ = get_bool(norm, file, "normalizer", "lowercase", true);
+        t.strip_accents_ = get_nullable_bool(norm, file, "normalizer", "strip_accents");
       } else {
-        fail("tokenizer: {}: normalizer {} is not supported (only BertNormalizer)", file, norm.value("type", "?"));
+        fail("tokenizer: {}: normalizer {} is not supported (only BertNormalizer)", file, type.empty() ? "?" : type);
       }
 
-      const json& pre = j.value("pre_tokenizer", json());
-      if (!pre.is_object() || pre.value("type", "") != "BertPreTokenizer")
-        fail("tokenizer: {}: pre_tokenizer {} is not supported (only BertPreTokenizer)", file, pre.dump());
+      const json& pre = member(j, file, "", "pre_tokenizer");
+      if (!pre.is_object() || !pre.contains("type") || pre.at("type") != "BertPreTokenizer")
+        fail("tokenizer: {}: pre_tokenizer {} is not supported (only BertPreTokenizer)", file, describe(pre));
 
-      for (const json& a : j.value("added_tokens", json::array())) add_token(a, file);
+      for (size_t i = 0; i < added.size(); ++i) add_token(added[i], file, fmt::format("added_tokens[{}]", i), defined);
 
-      const json& post = j.value("post_processor", json());
+      const json& post = member(j, file, "", "post_processor");
       auto seq = [](int s, int type_id) { return TemplatePiece{s, {}, type_id}; };
-      std::string post_type = post.is_null() ? "" : post.value("type", "");
+      // The post-processor's ids are added to every encoding: each must be a token.
+      auto special_id = [&](const json& v, const std::string& what) {
+        return read_id(v, file, "post_processor " + what, t.tokens_.size());
+      };
+      auto type_id = [&](const json& piece, const std::string& where) {
+        return piece.contains("type_id") ? int(read_count(piece["type_id"], file, where + ".type_id", 1 << 16)) : 0;
+      };
+      const std::string post_type = post.is_null() ? "" : get_string(post, file, "post_processor", "type", "");
       if (post.is_null()) {
         // No post-processor: the pair's tokens carry type id 1, nothing is added.
         t.single_ = {seq(0, 0)};
         t.pair_ = {seq(0, 0), seq(1, 1)};
       } else if (post_type == "BertProcessing") {
-        TemplatePiece cls{-1, {post.at("cls").at(1).get<int32_t>()}, 0};
-        TemplatePiece sep{-1, {post.at("sep").at(1).get<int32_t>()}, 0};
+        auto pair_id = [&](const char* key) {
+          const json& v = member(post, file, "post_processor", key);
+          if (!v.is_array() || v.size() != 2)
+            wrong_type(file, field_name("post_processor", key), "a [token, id] pair", v);
+          return special_id(v[1], key);
+        };
+        TemplatePiece cls{-1, {pair_id("cls")}, 0};
+        TemplatePiece sep{-1, {pair_id("sep")}, 0};
         TemplatePiece sep1 = sep;
         sep1.type_id = 1;
         t.single_ = {cls, seq(0, 0), sep};
         t.pair_ = {cls, seq(0, 0), sep, seq(1, 1), sep1};
       } else if (post_type == "TemplateProcessing") {
-        const json& specials = post.at("special_tokens");
-        auto parse = [&](const json& items) {
+        const json& specials = object_member(post, file, "post_processor", "special_tokens");
+        auto parse = [&](const char* key) {
           std::vector<TemplatePiece> out;
-          for (const json& item : items) {
+          const json& items = get_array(post, file, "post_processor", key);
+          for (size_t i = 0; i < items.size(); ++i) {
+            const std::string where = fmt::format("post_processor.{}[{}]", key, i);
+            const json& item = items[i];
+            if (!item.is_object() || (!item.contains("Sequence") && !item.contains("SpecialToken")))
+              wrong_type(file, where, "an object with \"Sequence\" or \"SpecialToken\"", item);
             if (item.contains("Sequence")) {
-              const json& s = item["Sequence"];
-              std::string which = s.at("id").get<std::string>();
-              if (which != "A" && which != "B") fail("tokenizer: {}: template sequence {}", file, which);
-              out.push_back(seq(which == "A" ? 0 : 1, s.value("type_id", 0)));
+              const json& s = object_member(item, file, where, "Sequence");
+              const std::string which = require_string(s, file, where + ".Sequence", "id");
+              if (which != "A" && which != "B")
+                fail("tokenizer: {}: {}.Sequence.id is {}: a template sequence is \"A\" or \"B\"", file, where,
+                     json(which).dump());
+              out.push_back(seq(which == "A" ? 0 : 1, type_id(s, where + ".Sequence")));
             } else {
-              const json& s = item.at("SpecialToken");
-              std::string name = s.at("id").get<std::string>();
+              const json& s = object_member(item, file, where, "SpecialToken");
+              const std::string name = require_string(s, file, where + ".SpecialToken", "id");
               if (!specials.contains(name))
-                fail("tokenizer: {}: template token {} is not in special_tokens", file, name);
-              TemplatePiece p{-1, specials[name].at("ids").get<std::vector<int32_t>>(), s.value("type_id", 0)};
+                fail("tokenizer: {}: template token {} is not in post_processor.special_tokens", file,
+                     json(name).dump());
+              TemplatePiece p{-1, {}, type_id(s, where + ".SpecialToken")};
+              const std::string special = fmt::format("special_tokens[{}]", json(name).dump());
+              const json& ids = get_array(specials[name], file, "post_processor." + special, "ids");
+              for (const json& id : ids) p.ids.push_back(special_id(id, "special token " + json(name).dump()));
               out.push_back(std::move(p));
             }
           }
           return out;
         };
-        t.single_ = parse(post.at("single"));
-        t.pair_ = parse(post.at("pair"));
+        t.single_ = parse("single");
+        t.pair_ = parse("pair");
       } else {
-        fail("tokenizer: {}: post_processor {} is not supported", file, post_type);
+        fail("tokenizer: {}: post_processor {} is not supported", file, post_type.empty() ? "(no type)" : post_type);
       }
-    } catch (const json::exception& e) {
+    } catch (const json::exception& e) {  // what the typed reads above do not cover
       fail("tokenizer: {}: {}", file, e.what());
     }
   } else {
@@ -349,33 +484,42 @@ WordPieceTokenizer WordPieceTokenizer::load(const std::string& dir) {
     }
     const std::string cfg_file = (root / "tokenizer_config.json").string();
     try {
-      std::string cls = config.value("tokenizer_class", "BertTokenizer");
+      const std::string cls = get_string(config, cfg_file, "", "tokenizer_class", "BertTokenizer");
       if (cls != "BertTokenizer" && cls != "BertTokenizerFast" && cls != "DistilBertTokenizer" &&
           cls != "DistilBertTokenizerFast")
         fail("tokenizer: {}: tokenizer_class {} is not a BERT WordPiece tokenizer", cfg_file, cls);
-      t.lowercase_ = config.value("do_lower_case", true);
-      t.handle_chinese_chars_ = config.value("tokenize_chinese_chars", true);
-      if (config.contains("strip_accents") && !config["strip_accents"].is_null())
-        t.strip_accents_ = config["strip_accents"].get<bool>();
+      t.lowercase_ = get_bool(config, cfg_file, "", "do_lower_case", true);
+      t.handle_chinese_chars_ = get_bool(config, cfg_file, "", "tokenize_chinese_chars", true);
+      t.strip_accents_ = get_nullable_bool(config, cfg_file, "", "strip_accents");
       if (!unk_name.empty()) t.unk_token_ = unk_name;
       // transformers registers the special tokens as added tokens (matched in the raw
       // text), and so the entries of added_tokens_decoder.
+      const json& decoder = member(config, cfg_file, "", "added_tokens_decoder");
+      if (!decoder.is_null() && !decoder.is_object())
+        wrong_type(cfg_file, "added_tokens_decoder", "an object of id: token", decoder);
+      const size_t defined = t.tokens_.size() + decoder.size();
       for (const std::string* name : {&t.pad_token_, &t.unk_token_, &t.cls_token_, &t.sep_token_, &t.mask_token_}) {
         auto v = t.vocab_.find(*name);
         if (v != t.vocab_.end())
-          add_token(json{{"content", *name}, {"id", v->second}, {"special", true}, {"normalized", false}}, cfg_file);
+          add_token(json{{"content", *name}, {"id", v->second}, {"special", true}, {"normalized", false}}, cfg_file,
+                    "special token " + json(*name).dump(), defined);
       }
-      if (config.contains("added_tokens_decoder")) {
-        for (const auto& [id, a] : config["added_tokens_decoder"].items()) {
+      if (decoder.is_object())
+        for (const auto& [key, a] : decoder.items()) {
+          // Keys are ids written as strings: digits only, as Python's int() of a saved id.
+          uint64_t id = 0;
+          const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+          if (key.empty() || ec != std::errc() || end != key.data() + key.size())
+            fail("tokenizer: {}: added_tokens_decoder key {} is not a token id (a non-negative integer)", cfg_file,
+                 json(key).dump());
+          const std::string where = fmt::format("added_tokens_decoder[{}]", json(key).dump());
+          if (!a.is_object()) wrong_type(cfg_file, where, "an object", a);
           json entry = a;
-          entry["id"] = std::stoi(id);
-          add_token(entry, cfg_file);
+          entry["id"] = id;
+          add_token(entry, cfg_file, where, defined);
         }
-      }
-    } catch (const json::exception& e) {
+    } catch (const json::exception& e) {  // what the typed reads above do not cover
       fail("tokenizer: {}: {}", cfg_file, e.what());
-    } catch (const std::logic_error& e) {  // std::stoi
-      fail("tokenizer: {}: bad added_tokens_decoder id: {}", cfg_file, e.what());
     }
     TemplatePiece cls{-1, {t.require_id(t.cls_token_, "cls_token", file)}, 0};
     TemplatePiece sep{-1, {t.require_id(t.sep_token_, "sep_token", file)}, 0};
@@ -394,9 +538,11 @@ WordPieceTokenizer WordPieceTokenizer::load(const std::string& dir) {
 
   const std::string where =
       (root / (t.source_files_.count("tokenizer.json") ? "tokenizer.json" : "vocab.txt")).string();
+  t.vocabulary_file_ = where;
   // WordPiece's [UNK] comes from the model's own vocabulary, not the added tokens.
   auto unk = t.vocab_.find(t.unk_token_);
-  if (unk == t.vocab_.end()) fail("tokenizer: {}: unk_token {} is not in the vocabulary", where, t.unk_token_);
+  if (unk == t.vocab_.end())
+    fail("tokenizer: {}: unk_token {} is not in the vocabulary", where, json(t.unk_token_).dump());
   t.unk_id_ = unk->second;
   t.cls_id_ = t.require_id(t.cls_token_, "cls_token", where);
   t.sep_id_ = t.require_id(t.sep_token_, "sep_token", where);
@@ -409,8 +555,15 @@ int32_t WordPieceTokenizer::require_id(const std::string& name, const std::strin
   for (const AddedToken& a : added_)
     if (!a.normalized && size_t(a.id) < tokens_.size() && tokens_[size_t(a.id)] == name) return a.id;
   auto it = vocab_.find(name);
-  if (it == vocab_.end()) fail("tokenizer: {}: {} {} is not in the vocabulary", file, what, name);
+  if (it == vocab_.end()) fail("tokenizer: {}: {} {} is not in the vocabulary", file, what, json(name).dump());
   return it->second;
+}
+
+int WordPieceTokenizer::max_type_id() const {
+  int m = 0;
+  for (const auto* pieces : {&single_, &pair_})
+    for (const TemplatePiece& p : *pieces) m = std::max(m, p.type_id);
+  return m;
 }
 
 const std::string& WordPieceTokenizer::token(int32_t id) const {
