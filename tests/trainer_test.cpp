@@ -710,6 +710,35 @@ TEST(ModelFiles, WrongShapeNamesFileAndTensor) {
   }
 }
 
+// check_weights_fit: the errors of load_weights from the header alone, before the model the
+// config describes is allocated (a config.json whose vocab_size says 10^9 made hone
+// allocate hundreds of GB for its weights before load_weights saw the file's shapes).
+TEST(ModelFiles, CheckWeightsFitRefusesAModelTheFileDoesNotHold) {
+  test::TempDir dir;
+  const BertConfig c = small_config();
+  const std::string path = test::save_random_model(dir.path + "/m", c, 1) + "/model.safetensors";
+  check_weights_fit(path, c);  // the model the file holds
+  BertConfig huge = c;
+  huge.vocab_size = 1000000000;
+  try {
+    check_weights_fit(path, huge);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path + ": tensor 'bert.embeddings.word_embeddings.weight' has shape"), std::string::npos) << m;
+    EXPECT_NE(m.find("[1000000000, "), std::string::npos) << m;
+  }
+  check_weights_fit(path, huge, true);  // --ignore_mismatched_sizes: initialised anew
+  BertConfig deeper = c;
+  deeper.num_hidden_layers = c.num_hidden_layers + 1;
+  try {
+    check_weights_fit(path, deeper);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lacks 16 of the model's"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ModelFiles, UnknownModelNameListsBuiltins) {
   try {
     resolve_model("/no/such/dir");

@@ -58,6 +58,12 @@ ModelSource resolve_model(const std::string& name_or_path);
 // A configuration from a config.json, a directory with one, or a built-in name.
 BertConfig resolve_config(const std::string& name_or_path);
 
+// Checks, from the header of `path` alone, that load_weights would find every tensor of
+// the model `c` describes in its shape (the same errors, naming the file and the tensor),
+// so that a config.json that does not describe the checkpoint (a vocab_size of 10^9) is
+// refused before the model it describes is allocated.
+void check_weights_fit(const std::string& path, const BertConfig& c, bool ignore_mismatched_sizes = false);
+
 // Writes config.json and model.safetensors (transformers' names and order) into `dir`,
 // creating it; each file is written atomically.
 void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights);

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <omp.h>
 
 #include "hone/cpu_backend.h"
@@ -60,7 +61,25 @@ void apply_labels(const LabelSpace& s, BertConfig& c) {
 
 }  // namespace
 
-RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
+namespace {
+
+// Where the run's config came from, for messages: a config.json, or a built-in name.
+std::string config_source(const TrainingArguments& a) {
+  const std::string& name = a.config_name.empty() ? a.model_name_or_path : a.config_name;
+  if (std::filesystem::is_directory(name)) return (std::filesystem::path(name) / "config.json").string();
+  if (std::filesystem::is_regular_file(name)) return name;
+  return "the built-in configuration " + name;
+}
+
+// The run allocates the model its config describes once the inputs are read: a checkpoint
+// that does not hold that model (a config.json with a vocab_size of 10^9) is refused first.
+RunInputs checked(RunInputs in, const TrainingArguments& a) {
+  if (!in.model.weights_path.empty())
+    check_weights_fit(in.model.weights_path, in.model.config, a.ignore_mismatched_sizes);
+  return in;
+}
+
+RunInputs read_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
   RunInputs in;
   in.model = resolve_model(a.model_name_or_path);
   if (!a.config_name.empty()) in.model.config = resolve_config(a.config_name);
@@ -88,9 +107,13 @@ RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_
     fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
          "(a directory with tokenizer.json or vocab.txt)", a.model_name_or_path);
   in.tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::load(tok_dir));
+  const std::string config_file = config_source(a);
   if (in.tokenizer->vocab_size() > cfg.vocab_size)
-    fail("the tokenizer of {} has {} tokens but the model's vocab_size is {}", tok_dir, in.tokenizer->vocab_size(),
-         cfg.vocab_size);
+    fail("{} has {} tokens but the model's vocab_size is {} ({}): the tokenizer gives ids the model has no "
+         "embedding for", in.tokenizer->vocabulary_file(), in.tokenizer->vocab_size(), cfg.vocab_size, config_file);
+  if (in.tokenizer->max_type_id() >= cfg.type_vocab_size)
+    fail("{}: the post-processor gives token type id {} but the model's type_vocab_size is {} ({})",
+         in.tokenizer->vocabulary_file(), in.tokenizer->max_type_id(), cfg.type_vocab_size, config_file);
   in.seq_len = std::min(a.max_seq_length, cfg.max_position_embeddings);
   if (a.max_seq_length > cfg.max_position_embeddings)
     fmt::print("notice: --max_seq_length {} is longer than the model's max_position_embeddings; using {}\n",
@@ -129,6 +152,12 @@ RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_
     in.test = std::make_unique<TextDataset>(std::move(table), in.tokenizer, in.labels, in.seq_len, in.test_has_labels);
   }
   return in;
+}
+
+}  // namespace
+
+RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
+  return checked(read_inputs(a, read_train, read_eval, read_test), a);
 }
 
 }  // namespace hone::cli

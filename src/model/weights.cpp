@@ -68,6 +68,29 @@ std::string canonical_name(const std::string& file_name, const ParamLayout& layo
   return "";
 }
 
+bool same_shape(const SafetensorsEntry& t, const ParamEntry& e) {
+  bool same = int(t.shape.size()) == e.shape.rank;
+  for (int i = 0; same && i < e.shape.rank; ++i) same = t.shape[i] == e.shape[i];
+  return same;
+}
+
+[[noreturn]] void fail_shape(const std::string& path, const SafetensorsEntry& t, const ParamEntry& e) {
+  std::string got = "[";
+  for (size_t i = 0; i < t.shape.size(); ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
+  fail("{}: tensor '{}' has shape {}] but the model's config.json needs {} (for a new label set, "
+       "--ignore_mismatched_sizes initialises such tensors anew)",
+       path, t.name, got, e.shape.str());
+}
+
+[[noreturn]] void fail_absent(const std::string& path, const std::vector<std::string>& absent, size_t encoder_tensors,
+                              const std::vector<std::string>& unused) {
+  fail("{}: lacks {} of the model's {} embedding and encoder tensors ({}){}; hone initialises only the pooler and "
+       "the classifier anew (is it a BERT checkpoint, and does its config.json describe it?)",
+       path, absent.size(), encoder_tensors, first_names(absent),
+       unused.empty() ? "" : fmt::format(", and has {} tensors the model does not use ({})", unused.size(),
+                                         first_names(unused)));
+}
+
 }  // namespace
 
 ParamInit param_init(const BertConfig& c, const ParamEntry& e, size_t index) {
@@ -108,19 +131,12 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
       continue;
     }
     const ParamEntry& e = layout.at(name);
-    bool same = int(t.shape.size()) == e.shape.rank;
-    for (int i = 0; same && i < e.shape.rank; ++i) same = t.shape[i] == e.shape[i];
+    const bool same = same_shape(t, e);
     if (!same && ignore_mismatched_sizes) {
       report.mismatched.push_back(name);  // initialised below, with the missing ones
       continue;
     }
-    if (!same) {
-      std::string got = "[";
-      for (size_t i = 0; i < t.shape.size(); ++i) got += (i ? ", " : "") + std::to_string(t.shape[i]);
-      fail("{}: tensor '{}' has shape {}] but the model's config.json needs {} (for a new label set, "
-           "--ignore_mismatched_sizes initialises such tensors anew)",
-           path, t.name, got, e.shape.str());
-    }
+    if (!same) fail_shape(path, t, e);
     if (!loaded.insert(name).second) fail("{}: parameter '{}' appears twice (as '{}')", path, name, t.name);
     const int64_t bad = file.read_f32(t, weights + e.offset, e.shape.numel());
     if (bad >= 0)
@@ -137,14 +153,34 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
     report.initialized.push_back(e.name);
     if (!head && std::ranges::find(report.mismatched, e.name) == report.mismatched.end()) absent.push_back(e.name);
   }
-  if (!absent.empty())
-    fail("{}: lacks {} of the model's {} embedding and encoder tensors ({}){}; hone initialises only the pooler and "
-         "the classifier anew (is it a BERT checkpoint, and does its config.json describe it?)",
-         path, absent.size(), encoder_tensors, first_names(absent),
-         report.unused.empty() ? "" : fmt::format(", and has {} tensors the model does not use ({})",
-                                                   report.unused.size(), first_names(report.unused)));
+  if (!absent.empty()) fail_absent(path, absent, encoder_tensors, report.unused);
   if (!report.initialized.empty()) init_weights(c, layout, weights, seed, report.initialized);
   return report;
+}
+
+void check_weights_fit(const std::string& path, const BertConfig& c, bool ignore_mismatched_sizes) {
+  // As load_weights matches tensors to parameters, on the header alone.
+  const SafetensorsFile file(path);
+  const ParamLayout layout(c);
+  std::set<std::string> found;
+  std::vector<std::string> unused;
+  for (const SafetensorsEntry& t : file.entries()) {
+    const std::string name = canonical_name(t.name, layout);
+    if (name.empty()) {
+      if (!ends_with(t.name, "position_ids")) unused.push_back(t.name);
+      continue;
+    }
+    if (!same_shape(t, layout.at(name)) && !ignore_mismatched_sizes) fail_shape(path, t, layout.at(name));
+    found.insert(name);
+  }
+  std::vector<std::string> absent;
+  size_t encoder_tensors = 0;
+  for (const auto& e : layout.entries()) {
+    if (is_task_head(e.name)) continue;
+    ++encoder_tensors;
+    if (!found.count(e.name)) absent.push_back(e.name);
+  }
+  if (!absent.empty()) fail_absent(path, absent, encoder_tensors, unused);
 }
 
 namespace {
