@@ -353,6 +353,18 @@ TEST(Tokenizer, TypeErrorsNameTheField) {
   expect_load_error(tmp.path, {"added_tokens_decoder[\"5\"] must be an object, got string"});
 }
 
+// A directory where a tokenizer file should be read as an empty file: vocab.txt gave
+// "cls_token is not in the vocabulary", a JSON file "unexpected end of input".
+TEST(Tokenizer, AFileThatIsADirectoryIsNamedAsOne) {
+  for (const char* name : {"vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    test::TempDir tmp;
+    write_text(tmp.path + "/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n");
+    fs::remove(tmp.path + "/" + name);
+    fs::create_directories(tmp.path + "/" + name + "/sub");
+    expect_load_error(tmp.path, {tmp.path + "/" + name + " is a directory, not a file"});
+  }
+}
+
 TEST(Tokenizer, VocabTxtDefaultsAndLineEndings) {
   test::TempDir tmp;
   // Windows line endings and a last line without one: Python's universal newlines.

@@ -7,7 +7,9 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -171,10 +173,14 @@ std::u32string nfd(std::u32string_view s) {
 // ---------------------------------------------------------------- files
 
 std::string read_file(const fs::path& p) {
+  // A directory opens as a stream that reads nothing: an empty vocab.txt ("cls_token is not
+  // in the vocabulary") or JSON file ("unexpected end of input"), not the error it is.
+  if (fs::is_directory(p)) fail("tokenizer: {} is a directory, not a file", p.string());
   std::ifstream f(p, std::ios::binary);
-  if (!f) fail("tokenizer: cannot read {}", p.string());
+  if (!f) fail("tokenizer: cannot read {}: {}", p.string(), std::strerror(errno));
   std::ostringstream ss;
   ss << f.rdbuf();
+  if (f.bad()) fail("tokenizer: cannot read {}: read error", p.string());
   return ss.str();
 }
 
