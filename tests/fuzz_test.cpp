@@ -906,10 +906,9 @@ void data_case(Rng& g, Case& c, const std::string& kind) {
     const size_t one = jsonl ? below(g, lines.size()) : 1 + below(g, lines.size() - 1);
     const bool label = coin(g);
     if (jsonl) {
-      // (1e400, a number that overflows a double, is left out: hone's JSON Lines reader
-      // aborts on it; InputFuzz.JsonLinesNumberOverflow keeps that case.)
+      // (1e400 overflows a double: nlohmann's parser throws out_of_range for it.)
       const std::vector<std::string> values = {"1.5", "1", "-3", "true", "null", "[]", "{}", "\"\"",
-                                               "\"" + std::string(1000, 'x') + "\"", "NaN"};
+                                               "\"" + std::string(1000, 'x') + "\"", "NaN", "1e400"};
       const std::string v = pick(g, values);
       const std::string l = ordered_json::parse(lines[one]).dump();  // {"sentence":...,"label":...}
       const std::string key = json(label ? "label" : "sentence").dump() + ":";
@@ -1244,24 +1243,10 @@ TEST(InputFuzz, DamagedInputsEndInACleanErrorOrSuccess) {
 }
 
 // NaN and infinity in the weights, kept apart from the cases above: hone refuses them as
-// it loads the weights (since the bad-input-data branch). A hone without that check
-// predicts from such weights with exit 0: then this test skips, saying so. Otherwise each
-// case must be a clean error naming model.safetensors.
+// it loads the weights; each case must be a clean error naming model.safetensors.
 TEST(InputFuzz, NonFiniteWeightsAreRefused) {
   const uint64_t seed = env_u64("HONE_FUZZ_SEED", 19);
   test::TempDir root;
-  {
-    Case c = new_case(root.path + "/probe", true, "jsonl", Command::Predict);
-    St s = read_st(c.model + "/model.safetensors");
-    const uint64_t at = s.header["classifier.weight"]["data_offsets"][0];
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    std::memcpy(s.data.data() + at, &nan, 4);
-    write_st(c.model + "/model.safetensors", s.header, s.data);
-    const Child r = run_hone(args_of(c), 20);
-    if (r.code == 0 && !r.signal && !r.timed_out)
-      GTEST_SKIP() << "hone predict loads a classifier.weight that holds NaN and exits 0: the load-time check for "
-                      "non-finite weights is not on this branch yet";
-  }
   run_cases("InputFuzzNonFinite", seed, env_u64("HONE_FUZZ_NONFINITE_CASES", 24), 60,
             [&](Rng& g, Case& c, size_t i) {
               const std::vector<Command> cmds = {Command::Train, Command::Predict};
@@ -1271,10 +1256,8 @@ TEST(InputFuzz, NonFiniteWeightsAreRefused) {
 }
 
 // A JSON Lines row with a number no double holds (1e400, which Python's json reads as
-// inf): nlohmann throws out_of_range, not the parse_error that src/data/text_table.cpp
-// catches, and hone dies of std::terminate. Kept out of the fuzz cases above (the reader
-// is not this branch's to change): while the abort reproduces this test skips, saying so;
-// once fixed it must be a clean error naming the file.
+// inf): nlohmann throws out_of_range, not parse_error, and hone once died of
+// std::terminate on it; it is a clean error naming the file and line.
 TEST(InputFuzz, JsonLinesNumberOverflow) {
   test::TempDir root;
   for (const char* field : {"label", "sentence"}) {
@@ -1288,13 +1271,9 @@ TEST(InputFuzz, JsonLinesNumberOverflow) {
     c.names = {"train.jsonl"};
     c.outcome = Outcome::MustFail;
     const Child r = run_hone(args_of(c), 20);
-    if (r.signal == SIGABRT && r.out.find("number overflow") != std::string::npos)
-      GTEST_SKIP() << "known bug, not fixed on this branch: a JSON Lines row with " << field
-                   << ": 1e400 ends hone in std::terminate (src/data/text_table.cpp catches json::parse_error "
-                      "only, and the overflow is json::out_of_range)\n"
-                   << r.out;
     const std::string wrong = judge(c, r, 20);
     EXPECT_TRUE(wrong.empty()) << field << ": " << wrong << "\n" << r.out;
+    EXPECT_NE(r.out.find("train.jsonl:"), std::string::npos) << r.out;
   }
 }
 

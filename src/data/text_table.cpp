@@ -126,6 +126,10 @@ void read_jsonl(std::string_view data, const TextColumns& c, bool require_labels
       if (auto at = what.find(marker); at != std::string::npos) what = what.substr(at + marker.size());
       else if (auto b = what.find("] "); b != std::string::npos) what = what.substr(b + 2);
       fail("{}:{}: not valid JSON: {}", path, line, what);
+    } catch (const json::out_of_range& e) {  // a number no double holds, such as 1e400
+      std::string what = e.what();
+      if (auto b = what.find("] "); b != std::string::npos) what = what.substr(b + 2);
+      fail("{}:{}: not valid JSON here: {} (a number too large for a double?)", path, line, what);
     }
     if (!row.is_object())
       fail("{}:{}: expected a JSON object (JSON Lines: one object per line), got {}", path, line, row.type_name());
