@@ -18,12 +18,7 @@ namespace hone {
 namespace {
 
 double rel_frobenius(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
+  return test::norm_rel_error(got.data(), want.data(), int64_t(want.size()));
 }
 
 TEST(OffloadGpu, EqualsTheUpdateOnTheGpu) {
