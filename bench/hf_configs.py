@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The peer's HF Trainer bench with the configurations it lacks (fp16 fused, 8-bit AdamW).
+"""The peer's HF Trainer bench with the configurations it lacks (fp16 fused, 8-bit AdamW,
+torchao's CPU-offload optimizer).
 
 Usage: python3 bench/hf_configs.py HF_TRAINER_BENCH.py NAME            (one run; prints one JSON line)
        python3 bench/hf_configs.py HF_TRAINER_BENCH.py all OUTFILE [NAME...]
@@ -32,7 +33,11 @@ EXTRA_CONFIGS = {
     "fp16_fused_bs32": dict(per_device_train_batch_size=32, fp16=True, tf32=True, optim="adamw_torch_fused",
                             dataloader_pin_memory=True),
     "adamw8bit_bs4": dict(per_device_train_batch_size=4, optim="adamw_bnb_8bit"),
+    # torchao's CPUOffloadOptimizer around torch's fused AdamW (needs torchao): Trainer's
+    # create_optimizer is replaced, since no --optim name builds it.
+    "bf16_torchao_offload_bs4": dict(per_device_train_batch_size=4, bf16=True),
 }
+TORCHAO_OFFLOAD = {"bf16_torchao_offload_bs4"}
 TANH = "_tanh"
 
 
@@ -50,6 +55,28 @@ def use_tanh_gelu():
     if act != "gelu_pytorch_tanh":
         sys.exit(f"hf_configs.py: could not make the tanh GELU BertConfig's default (got {act!r})")
     print(f"hf_configs.py: BertConfig(...) without hidden_act now gives {act}", file=sys.stderr, flush=True)
+
+
+def use_torchao_offload():
+    """Makes Trainer build torchao's CPUOffloadOptimizer (AdamW states and the update on the
+    host). Its backward hooks move each gradient to the host and drop the device's, so
+    Trainer's gradient clipping sees no gradients (a no-op), and it does not accumulate
+    gradients over micro-steps: only runs without accumulation are comparable."""
+    import torch
+    import transformers
+    from torchao.optim import CPUOffloadOptimizer
+
+    def create_optimizer(self):
+        if self.optimizer is None:
+            a = self.args
+            self.optimizer = CPUOffloadOptimizer(self.model.parameters(), torch.optim.AdamW, lr=a.learning_rate,
+                                                 betas=(a.adam_beta1, a.adam_beta2), eps=a.adam_epsilon,
+                                                 weight_decay=a.weight_decay, fused=True)
+        return self.optimizer
+
+    transformers.Trainer.create_optimizer = create_optimizer
+    print("hf_configs.py: Trainer's optimizer is torchao's CPUOffloadOptimizer(AdamW, fused)", file=sys.stderr,
+          flush=True)
 
 
 def load_peer(path):
@@ -104,6 +131,8 @@ def main(argv):
     else:
         if not known(peer.CONFIGS, cmd):
             sys.exit(f"hf_configs.py: unknown configuration {cmd!r}; known: {list(peer.CONFIGS)}")
+        if cmd in TORCHAO_OFFLOAD:
+            use_torchao_offload()
         if cmd not in peer.CONFIGS:  # NAME_tanh: NAME's arguments, the tanh GELU
             use_tanh_gelu()
             peer.CONFIGS[cmd] = peer.CONFIGS[cmd[: -len(TANH)]]
