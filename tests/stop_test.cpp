@@ -144,6 +144,53 @@ TEST(Leftovers, AnInterruptedSavesTemporariesAreRemovedByTheNextRun) {
   EXPECT_TRUE(has(r.out, "notice: removed " + stale_file)) << r.out;
 }
 
+// A save killed between its two renames leaves the step's previous checkpoint as
+// `.checkpoint-N.old.PID` and no checkpoint-N: the next run puts it back, not away.
+TEST(Leftovers, TheOnlyCompleteCopyOfACheckpointIsRestored) {
+  test::TempDir dir;
+  const std::string out = dir.path + "/out";
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  wait_exit(gone);
+  const std::string old = out + "/.checkpoint-4.old." + std::to_string(gone);
+  const std::string replaced = out + "/.checkpoint-6.old." + std::to_string(gone);  // checkpoint-6 exists
+  fs::create_directories(old);
+  fs::create_directories(replaced);
+  fs::create_directories(out + "/checkpoint-6");
+  std::ofstream(old + "/trainer_state.json") << "{}";
+  std::vector<StaleTemporary> done = remove_stale_temporaries(out);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-4/trainer_state.json"));
+  EXPECT_FALSE(fs::exists(old));
+  EXPECT_FALSE(fs::exists(replaced));
+  for (const StaleTemporary& t : done) {
+    if (t.path == old) {
+      EXPECT_EQ(t.describe(), "restored " + old + " as " + out + "/checkpoint-4: a save was interrupted before its new "
+                                                                "checkpoint took that name");
+    }
+  }
+}
+
+// Signals a launcher set to be ignored (nohup for SIGINT in a background job) stay ignored.
+TEST(StopSignal, AnIgnoredSignalStaysIgnored) {
+  test::TempDir dir;
+  const std::string out = dir.path + "/out", log = dir.path + "/log.txt";
+  struct sigaction ignore{}, before{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGINT, &ignore, &before);  // inherited by the child across exec
+  const pid_t pid = spawn_training(out, log);
+  sigaction(SIGINT, &before, nullptr);
+  const bool started = wait_for_updates(out, 2);
+  kill(pid, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string seen = read(log);
+  kill(pid, SIGKILL);
+  wait_exit(pid);
+  ASSERT_TRUE(started) << seen;
+  EXPECT_FALSE(has(seen, "stopping after the update in progress")) << seen;
+  EXPECT_FALSE(has(seen, "interrupted")) << seen;
+}
+
 // A new run in a directory keeps the earlier run's trainer_log.jsonl under a numbered name
 // (or replaces it with --overwrite_output_dir); a resumed run continues it.
 TEST(Leftovers, AnEarlierRunsLogIsKept) {

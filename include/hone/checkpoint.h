@@ -32,11 +32,14 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& outpu
 
 // What an interrupted save leaves in a directory: hone's temporaries `.<name>.tmp.<pid>`
 // (a checkpoint or file being written) and `.<name>.old.<pid>` (a checkpoint being
-// replaced) whose process is gone. Removes them (never a live process's) and returns what
-// it removed with the bytes each held.
+// replaced) whose process is gone. Removes them (never a live process's), except an old
+// checkpoint whose replacement never arrived: that is renamed back to <name>. Returns
+// what it did, each entry a line for the user.
 struct StaleTemporary {
   std::string path;
-  uint64_t bytes;
+  uint64_t bytes;           // removed
+  std::string restored_as;  // or renamed back to this
+  std::string describe() const;
 };
 std::vector<StaleTemporary> remove_stale_temporaries(const std::string& dir);
 

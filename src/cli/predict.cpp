@@ -67,7 +67,7 @@ int predict_command(const TrainingArguments& a) {
   std::filesystem::create_directories(a.output_dir, ec);
   if (ec) fail("cannot create --output_dir {}: {}", a.output_dir, ec.message());
   for (const StaleTemporary& t : remove_stale_temporaries(a.output_dir))
-    fmt::print("notice: removed {} ({:.1f} MB), left by an interrupted save\n", t.path, double(t.bytes) / 1e6);
+    fmt::print("notice: {}\n", t.describe());
   const std::string path = (std::filesystem::path(a.output_dir) / "predictions.jsonl").string();
   write_file_atomic(path, out);
   if (in.test_has_labels) {

@@ -25,6 +25,8 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 void install(int sig, struct sigaction* previous) {
+  // A signal ignored already (nohup, a background job) stays ignored.
+  if (sigaction(sig, nullptr, previous) == 0 && previous->sa_handler == SIG_IGN) return;
   struct sigaction sa{};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

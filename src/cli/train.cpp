@@ -197,7 +197,7 @@ int train_command(const TrainingArguments& requested) {
   fs::create_directories(a.output_dir, ec);
   if (ec) fail("cannot create --output_dir {}: {}", a.output_dir, ec.message());
   for (const StaleTemporary& t : remove_stale_temporaries(a.output_dir))
-    fmt::print("notice: removed {} ({:.1f} MB), left by an interrupted save\n", t.path, double(t.bytes) / 1e6);
+    fmt::print("notice: {}\n", t.describe());
   const std::string log_path = (fs::path(a.output_dir) / "trainer_log.jsonl").string();
   // A resumed run continues the log of the run it resumes; a new run keeps an earlier run's
   // log under a numbered name, unless told to overwrite it.
@@ -259,7 +259,9 @@ int train_command(const TrainingArguments& requested) {
   if (const int sig = StopSignals::received()) {
     // Nothing of a finished run is written: no final model, no train_results.json.
     const std::string where = checkpoint_path(a.output_dir, state.global_step);
-    if (a.save_strategy != "no")
+    if (state.global_step == 0)
+      fmt::print("hone: interrupted by {} before the first update finished; nothing saved\n", signal_name(sig));
+    else if (a.save_strategy != "no")
       fmt::print("hone: interrupted by {} after update {} of {}; checkpoint saved to {} (continue with "
                  "--resume_from_checkpoint {})\n",
                  signal_name(sig), state.global_step, sc.total_updates, where, where);

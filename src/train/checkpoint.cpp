@@ -93,6 +93,13 @@ void load_optimizer_state(const std::string& path, TrainingRun& run) {
 
 }  // namespace
 
+std::string StaleTemporary::describe() const {
+  if (!restored_as.empty())
+    return fmt::format("restored {} as {}: a save was interrupted before its new checkpoint took that name", path,
+                       restored_as);
+  return fmt::format("removed {} ({:.1f} MB), left by an interrupted save", path, double(bytes) / 1e6);
+}
+
 std::vector<StaleTemporary> remove_stale_temporaries(const std::string& dir) {
   std::vector<StaleTemporary> removed;
   std::error_code ec;
@@ -104,6 +111,16 @@ std::vector<StaleTemporary> remove_stale_temporaries(const std::string& dir) {
     if (!std::regex_match(name, m, pattern)) continue;
     const pid_t pid = pid_t(std::stol(m[2].str()));
     if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    // A save killed between its two renames leaves the step's previous checkpoint as
+    // `.NAME.old.PID` and no NAME: that is the step's only complete copy, so it goes back.
+    const fs::path final_path =
+        e.path().parent_path() / name.substr(1, name.size() - 1 - size_t(m[1].length() + m[2].length()) - 2);
+    if (m[1] == "old" && !fs::exists(final_path, ec)) {
+      fs::rename(e.path(), final_path, ec);
+      if (ec) fail("cannot restore {} as {}: {}", e.path().string(), final_path.string(), ec.message());
+      removed.push_back({e.path().string(), 0, final_path.string()});
+      continue;
+    }
     uint64_t bytes = 0;
     if (e.is_directory(ec)) {
       for (const auto& f : fs::recursive_directory_iterator(e.path(), ec))
@@ -113,7 +130,7 @@ std::vector<StaleTemporary> remove_stale_temporaries(const std::string& dir) {
     }
     fs::remove_all(e.path(), ec);
     if (ec) fail("cannot remove {}, left by an interrupted save: {}", e.path().string(), ec.message());
-    removed.push_back({e.path().string(), bytes});
+    removed.push_back({e.path().string(), bytes, ""});
   }
   return removed;
 }
