@@ -27,15 +27,8 @@ IFS=, read -r gpu driver < <(nvidia-smi --query-gpu=name,driver_version --format
 printf 'gpu=%s\ndriver=%s\ncommit=%s\nmachine=%s\n' "$gpu" "${driver# }" "$commit" "$machine" >"$out/env.txt"
 echo "cold_bench: $gpu, commit $commit, machine $machine"
 
-if [ ! -f build-bench/build.ninja ]; then
-  if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
-    for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
-    HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
-  fi
-  cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
-    ${HONE_CMAKE_FLAGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-fi
-ninja -C build-bench hone >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
+. bench/build_bench.sh
+build_bench_hone "$out"
 
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }

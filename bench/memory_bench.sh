@@ -73,16 +73,8 @@ IFS=, read -r gpu driver < <(nvidia-smi --query-gpu=name,driver_version --format
 printf 'gpu=%s\ndriver=%s\ncommit=%s\nmachine=%s\nn=%s\n' "$gpu" "${driver# }" "$commit" "$machine" "$n" >"$out/env.txt"
 echo "memory_bench: $gpu, driver ${driver# }, commit $commit, $n samples, machine $machine"
 
-# Build for this GPU into build-bench (reused when already configured, e.g. by device_check.sh).
-if [ ! -f build-bench/build.ninja ]; then
-  if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
-    for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
-    HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
-  fi
-  cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
-    ${HONE_CMAKE_FLAGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-fi
-ninja -C build-bench hone >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
+. bench/build_bench.sh
+build_bench_hone "$out"
 echo "built in $SECONDS s"
 
 table() { python3 bench/memory_table.py "$out" >"$out/table.md" 2>"$out/table.err" || tail -5 "$out/table.err"; }

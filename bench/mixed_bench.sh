@@ -28,16 +28,8 @@ for cfg in $configs; do
 done
 [ -n "${SKIP_HF:-}" ] || [ -f "$hf_script" ] || { echo "mixed_bench: no HF script at $hf_script"; exit 2; }
 
-# Build for this GPU into build-bench (reused when already configured, e.g. by device_check.sh).
-if [ ! -f build-bench/build.ninja ]; then
-  if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
-    for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
-    HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
-  fi
-  cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
-    ${HONE_CMAKE_FLAGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-fi
-ninja -C build-bench hone >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
+. bench/build_bench.sh
+build_bench_hone "$out"
 
 # bert-large-uncased as a config.json, its GELU the tanh form, for the _tanh configurations.
 tanh_config="$out/tanh_config"

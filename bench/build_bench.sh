@@ -1,0 +1,15 @@
+# Sourced by the bench scripts: builds `hone` for this GPU into build-bench (configured once,
+# reused by later scripts of the same call), logs into $1. On a device image without
+# utf8proc, the .deb files carried in .carry/debs are unpacked for it. Exits on failure.
+build_bench_hone() {
+  local logs=$1
+  if [ ! -f build-bench/build.ninja ]; then
+    if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
+      for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
+      HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
+    fi
+    cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+      ${HONE_CMAKE_FLAGS:-} >"$logs/cmake.log" 2>&1 || { tail -30 "$logs/cmake.log"; exit 1; }
+  fi
+  ninja -C build-bench hone >"$logs/build.log" 2>&1 || { grep -E "error|Error" "$logs/build.log" | head -40; exit 1; }
+}
