@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 # The seed experiment on a GPU (kernels built for that GPU); a small BERT on a CPU-only machine.
 ifeq ($(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu),gpu)
-CMAKE_FLAGS ?= -DCMAKE_CUDA_ARCHITECTURES=native
+CMAKE_FLAGS ?= "-DCMAKE_CUDA_ARCHITECTURES=$(shell bash tools/cuda-arch.sh)"
 DEMO_ARGS ?= --model_name_or_path bert-large-uncased --dataset synthetic:512x512 --per_device_train_batch_size 4 \
              --num_train_epochs 1 --save_strategy no --output_dir out/demo
 else

@@ -8,7 +8,7 @@ build_bench_hone() {
       for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
       HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
     fi
-    cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+    cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$(bash tools/cuda-arch.sh)" \
       ${HONE_CMAKE_FLAGS:-} >"$logs/cmake.log" 2>&1 || { tail -30 "$logs/cmake.log"; exit 1; }
   fi
   ninja -C build-bench hone >"$logs/build.log" 2>&1 || { grep -E "error|Error" "$logs/build.log" | head -40; exit 1; }

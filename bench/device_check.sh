@@ -12,7 +12,7 @@ if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; the
   for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
   HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
 fi
-cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$(bash tools/cuda-arch.sh)" \
   ${HONE_CMAKE_FLAGS:-} >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
 ninja -C build-bench >"$out/build.log" 2>&1 || { grep -E "error|Error" "$out/build.log" | head -40; exit 1; }
 (cd build-bench && ctest --output-on-failure >"$out/ctest.log" 2>&1)

@@ -8,7 +8,7 @@ set -euo pipefail
 hf_script=$1
 out=${2:-bench-out}
 mkdir -p "$out"
-cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=native \
+cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$(bash tools/cuda-arch.sh)" \
   ${HONE_CMAKE_FLAGS:-} >/dev/null
 ninja -C build-bench hone >/dev/null
 for precision in fp32 tf32; do

@@ -7,8 +7,10 @@
 #include <utility>
 
 #include "cuda/check.h"
+#include "cuda/flash_hopper.h"
 #include "cuda/flash_kernels.h"
 #include "cuda/kernels.h"
+#include "cuda/sdpa.h"
 #include "hone/error.h"
 
 namespace hone::cuda {
@@ -134,6 +136,19 @@ float keep_scale(const DropoutSpec& drop) { return drop.p > 0.0f ? 1.0f / (1.0f 
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Hopper's kernels where they apply: head size 64, a GPU and binary that have them, and
+// HONE_ATTENTION not asking for the mma.sync kernels.
+bool use_hopper(const AttentionDims& d) {
+  return d.head_dim == flash::kHopperHeadDim && flash::hopper_kernels_present() && hopper_attention_allowed();
+}
+
+int sm_count() {
+  int device = 0, sms = 0;
+  HONE_CUDA_CHECK(cudaGetDevice(&device));
+  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 }  // namespace
 
 bool flash_supports_head_dim(int head_dim) {
@@ -159,6 +174,15 @@ void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, c
   const flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
                              reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
                              keep_scale(drop)};
+  if (use_hopper(d)) {
+    const bool bf16 = qkv.dtype == DType::BF16;
+    const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, int64_t(d.batch) * d.seq, 3 * d.hidden(), 128);
+    if (bf16)
+      flash::launch_hopper_forward<__nv_bfloat16>(a, map, d.batch, sm_count(), stream);
+    else
+      flash::launch_hopper_forward<__half>(a, map, d.batch, sm_count(), stream);
+    return;
+  }
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
     flash::launch_forward<typename decltype(type)::type, decltype(dim)::value>(a, d.batch, stream);
   });
@@ -186,7 +210,18 @@ void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, 
     row_dot_kernel<T16, D><<<blocks_for(rows * (D / 8)), kThreads, 0, stream>>>(
         static_cast<const T16*>(dctx.data), static_cast<const T16*>(ctx.data), row_dot, rows, d.seq, d.heads);
     HONE_CUDA_LAUNCH_CHECK();
-    flash::launch_backward<T16, D>(a, d.batch, stream);
+    if constexpr (D == flash::kHopperHeadDim) {
+      if (use_hopper(d)) {
+        const bool bf16 = qkv.dtype == DType::BF16;
+        const CUtensorMap qkv_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * H, 64);
+        const CUtensorMap dctx_map = flash::hopper_tile_map(dctx.data, bf16, T, H, 64);
+        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, d.batch, sm_count(), stream);
+      } else {
+        flash::launch_backward<T16, D>(a, d.batch, stream);
+      }
+    } else {
+      flash::launch_backward<T16, D>(a, d.batch, stream);
+    }
     dq_store_kernel<T16><<<blocks_for(T * (H / 8)), kThreads, 0, stream>>>(dq_accum, static_cast<T16*>(dqkv.data),
                                                                            T, int(H), d.scale);
     HONE_CUDA_LAUNCH_CHECK();

@@ -48,15 +48,23 @@ void validate(const SdpaProblem& p, bool backward) {
 
 }  // namespace
 
-bool cudnn_attention_selected() {
+namespace {
+
+// HONE_ATTENTION: unset or "flash" (hone's kernels, Hopper's where the GPU has them),
+// "flash2" (hone's mma.sync kernels on every GPU) or "cudnn".
+std::string attention_choice() {
   const char* v = std::getenv("HONE_ATTENTION");
   const std::string choice = v ? v : "";
-  if (choice.empty() || choice == "flash") return false;
-  if (choice == "cudnn") return true;
-  fail("HONE_ATTENTION={} is not a choice: unset or \"flash\" for hone's attention kernels, \"cudnn\" for "
-       "cuDNN's fused attention",
+  if (choice.empty() || choice == "flash" || choice == "flash2" || choice == "cudnn") return choice;
+  fail("HONE_ATTENTION={} is not a choice: unset or \"flash\" for hone's attention kernels, \"flash2\" for its "
+       "FlashAttention-2 kernels on every GPU (no Hopper ones), \"cudnn\" for cuDNN's fused attention",
        choice);
 }
+
+}  // namespace
+
+bool cudnn_attention_selected() { return attention_choice() == "cudnn"; }
+bool hopper_attention_allowed() { return attention_choice() != "flash2"; }
 
 #ifdef HONE_HAVE_CUDNN
 

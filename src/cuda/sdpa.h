@@ -30,6 +30,8 @@ struct SdpaCache;
 // kernels (the default: compiled into the binary, nothing to build at run time), "cudnn"
 // for these. Any other value is an error.
 bool cudnn_attention_selected();
+// False when HONE_ATTENTION=flash2 asks for the mma.sync kernels on Hopper too.
+bool hopper_attention_allowed();
 // Creates the handle and checks the library (cuDNN >= 9.10.2) and the GPU (SM 8.0+).
 SdpaCache* make_sdpa_cache(cudaStream_t stream);
 void destroy_sdpa_cache(SdpaCache* cache) noexcept;  // null is fine

@@ -2,7 +2,9 @@
 // (src/ops/attention.cpp) on the same inputs, rounded to the half type first so that both
 // sides see the same numbers: head sizes 16, 32, 64 and 128, right padding and masks with
 // holes, odd lengths, rows whose every key is masked, and dropout, whose masks must be the
-// CPU's element for element (another mask would move outputs by tens of percent). Then the
+// CPU's element for element (another mask would move outputs by tens of percent). Each
+// case runs on both of hone's kernel sets: the default (Hopper's wgmma/TMA kernels for head
+// size 64 on a 9.0 GPU) and HONE_ATTENTION=flash2 (the mma.sync ones everywhere). Then the
 // time of forward and backward at BERT-large's shape against cuDNN's fused attention and
 // a dense cuBLASLt product, printed only.
 #include <cuda_runtime.h>
@@ -179,6 +181,15 @@ void check_case(Backend& gpu, DType t, const Case& c, const DropoutSpec& drop, c
 
 using FlashAttention = test::GpuTest;
 
+// body(choice) under HONE_ATTENTION=flash (the default) and =flash2.
+void for_each_kernel_set(const std::function<void(const std::string&)>& body) {
+  for (const char* choice : {"flash", "flash2"}) {
+    setenv("HONE_ATTENTION", choice, 1);
+    body(choice);
+  }
+  unsetenv("HONE_ATTENTION");
+}
+
 // Right padding, holes and every key masked, for each head size, an odd length (77: tail
 // tiles and the per-element dropout draws) and a multiple of 4 (128: two key tiles, one
 // Philox block per four keys).
@@ -186,14 +197,18 @@ TEST_F(FlashAttention, MatchesCpuReference) {
   for (int head_dim : {16, 32, 64, 128})
     for (int S : {77, 128}) {
       const Case c{3, S, 2, head_dim, {right_padded(S, S - 30), with_holes(S, S + head_dim), right_padded(S, S)}};
-      for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, "padding and holes");
+      for_each_kernel_set([&](const std::string& k) {
+        for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, k + ": padding and holes");
+      });
     }
 }
 
 TEST_F(FlashAttention, RowsWithEveryKeyMaskedAreUniform) {
   for (int S : {77, 1}) {
     const Case c{2, S, 2, 64, {right_padded(S, 0), right_padded(S, S)}};
-    for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, "all masked");
+    for_each_kernel_set([&](const std::string& k) {
+      for (DType t : {DType::BF16, DType::F16}) check_case(gpu(), t, c, {}, k + ": all masked");
+    });
   }
 }
 
@@ -205,10 +220,12 @@ TEST_F(FlashAttention, DropoutMasksAreTheCpus) {
   for (int head_dim : {16, 32, 64, 128})
     for (int S : {77, 128}) {
       const Case c{2, S, 2, head_dim, {with_holes(S, 5), right_padded(S, S - 9)}};
-      for (DType t : {DType::BF16, DType::F16}) {
-        check_case(gpu(), t, c, {0.5f, 1234, 5}, "dropout");
-        check_case(gpu(), t, c, {0.1f, 99, 3, &step}, "dropout, step in memory");
-      }
+      for_each_kernel_set([&](const std::string& k) {
+        for (DType t : {DType::BF16, DType::F16}) {
+          check_case(gpu(), t, c, {0.5f, 1234, 5}, k + ": dropout");
+          check_case(gpu(), t, c, {0.1f, 99, 3, &step}, k + ": dropout, step in memory");
+        }
+      });
     }
 }
 
@@ -248,6 +265,9 @@ TEST_F(FlashAttention, BertLargeSpeed) {
     }
   };
   measure(gpu(), "flash");
+  setenv("HONE_ATTENTION", "flash2", 1);
+  measure(gpu(), "flash2");
+  unsetenv("HONE_ATTENTION");
 #ifdef HONE_HAVE_CUDNN
   setenv("HONE_ATTENTION", "cudnn", 1);
   auto cudnn = make_cuda_backend({});

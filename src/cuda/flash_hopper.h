@@ -1,0 +1,35 @@
+#pragma once
+// hone's Hopper attention kernels (flash_hopper_*.cu): FlashAttention-3's structure on
+// TMA and warpgroup MMA for head size 64, the head size of BERT base and large. They take
+// the arguments of the mma.sync kernels (flash_kernels.h) plus a TMA map of qkv, and
+// flash_attention.cu picks them on a 9.0 GPU whose binary image holds them.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hone::cuda::flash {
+
+struct ForwardArgs;
+struct BackwardArgs;
+
+constexpr int kHopperHeadDim = 64;
+
+// TMA map of a row-major half matrix [rows, cols] in boxes of box_rows x 64 columns,
+// 128-byte swizzled: one head's Q, K, V (of qkv) or dO (of dctx) tiles.
+CUtensorMap hopper_tile_map(const void* base, bool bf16, int64_t rows, int64_t cols, int box_rows);
+
+// Whether the current GPU runs the kernels below: a 9.0 GPU and a binary with sm_90a code.
+bool hopper_kernels_present();
+
+// sms: the number of persistent CTAs at most (one per SM).
+// qkv_map: boxes of 128 rows.
+template <typename T>
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int batch, int sms,
+                           cudaStream_t stream);
+// qkv_map and dctx_map: boxes of 64 rows. a.dq_accum as for launch_backward.
+template <typename T>
+void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,
+                            int batch, int sms, cudaStream_t stream);
+
+}  // namespace hone::cuda::flash

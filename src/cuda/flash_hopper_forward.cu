@@ -1,0 +1,269 @@
+// Flash attention forward for Hopper (FlashAttention-3's structure), head size 64: a
+// persistent kernel, one CTA per SM, of two consumer warpgroups and a producer warpgroup
+// (one warp of it works; the group gives its registers to the consumers).
+// The producer streams each tile's Q (128 rows) and its key blocks (K and V, 128 keys)
+// through TMA into a ring of 128-byte-swizzled shared memory stages, with the key block's
+// mask bias beside them, and mbarriers hand stages back and forth. Each consumer warpgroup
+// owns 64 query rows: it keeps its Q fragments in registers and per key block issues
+// S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
+// memory), with the online softmax between them in registers. Same arguments and results
+// as flash_forward.cu (ForwardArgs), so the two are interchangeable.
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include "cuda/check.h"
+#include "cuda/flash_hopper.h"
+#include "cuda/hopper.h"
+
+namespace hone::cuda::flash {
+
+namespace {
+
+using namespace hopper;
+
+constexpr int kD = 64;
+constexpr int kConsumers = 2;                       // warpgroups of 64 query rows
+constexpr int kRows = 64 * kConsumers;              // query rows per tile
+constexpr int kKeys = 128;                          // keys per block
+constexpr int kStages = 3;                          // key blocks in flight
+constexpr int kHopperThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
+constexpr int kTileBytes = kKeys * kD * 2;          // one swizzled [128][64] half tile
+static_assert(kRows == kKeys, "Q and the key blocks share one TMA box");
+
+struct Smem {
+  // [kRows][64] Q, then per stage [kKeys][64] K and V, all 1024-byte aligned.
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + kTileBytes;
+  static constexpr size_t kV = kK + size_t(kStages) * kTileBytes;
+  static constexpr size_t kBias = kV + size_t(kStages) * kTileBytes;   // [kStages][kKeys] F32
+  static constexpr size_t kBars = kBias + size_t(kStages) * kKeys * 4;  // mbarriers
+  static constexpr size_t kBytes = kBars + (2 + 2 * kStages) * 8 + 1024;  // + alignment slack
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kHopperThreads, 1)
+    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, ForwardArgs a, int batch) {
+#ifdef HONE_HOPPER_IMAGE
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
+  unsigned char* sQ = smem + Smem::kQ;
+  unsigned char* sK = smem + Smem::kK;
+  unsigned char* sV = smem + Smem::kV;
+  float* sBias = reinterpret_cast<float*>(smem + Smem::kBias);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBars);
+  uint64_t* q_full = bars;          // Q landed (TMA bytes)
+  uint64_t* q_empty = bars + 1;     // every consumer warp holds its Q fragments
+  uint64_t* kv_full = bars + 2;     // [kStages]: K, V landed and the bias written
+  uint64_t* kv_empty = bars + 2 + kStages;  // [kStages]: every consumer warp is done with the stage
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int kConsumerWarps = 4 * kConsumers;
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(kv_full + s, 32);
+      mbar_init(kv_empty + s, kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int S = a.seq, H = a.heads * kD;
+  const int q_tiles = (S + kRows - 1) / kRows;
+  const int tiles = q_tiles * batch * a.heads;
+
+  if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
+    registers_decrease<40>();
+    if (warp != kConsumerWarps) return;
+    int kv_iter = 0, q_iter = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
+      const int blocks = (a.key_lengths[b] + kKeys - 1) / kKeys;
+      const int row0 = b * S;
+      const int32_t* mask_row = a.mask + int64_t(b) * S;
+      mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(q_full, kTileBytes);
+        tma_load_2d(sQ, &qkv_map, h * kD, row0 + qt * kRows, q_full);
+      }
+      for (int kb = 0; kb < blocks; ++kb, ++kv_iter) {
+        const int stage = kv_iter % kStages;
+        mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
+        for (int i = lane; i < kKeys; i += 32) sBias[stage * kKeys + i] = key_bias(mask_row, kb * kKeys + i, S);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes);
+          tma_load_2d(sK + stage * kTileBytes, &qkv_map, H + h * kD, row0 + kb * kKeys, kv_full + stage);
+          tma_load_2d(sV + stage * kTileBytes, &qkv_map, 2 * H + h * kD, row0 + kb * kKeys, kv_full + stage);
+        } else {
+          mbar_arrive(kv_full + stage);
+        }
+      }
+    }
+    return;
+  }
+
+  registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
+  // A consumer: warpgroup wg, its warp wq holds rows 16 wq .. 16 wq + 15 of the group's 64.
+  const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
+  const Dropout drop = make_dropout(a.drop, S);
+  const bool dropping = a.drop.p > 0.0f;
+  int kv_iter = 0, q_iter = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
+    const int blocks = (a.key_lengths[b] + kKeys - 1) / kKeys;
+    const int row_in_tile = wg * 64 + wq * 16;
+    const int q_row0 = qt * kRows + row_in_tile + g;  // this lane's rows: q_row0 and q_row0 + 8
+
+    mbar_wait(q_full, q_iter++ & 1);
+    uint32_t qf[kD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int r = row_in_tile + (lane & 15);
+      ldmatrix_x4(qf[kk], sQ + swizzled(r, kk * 2 + (lane >> 4)));
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(q_empty);
+
+    float o[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's columns
+
+    for (int kb = 0; kb < blocks; ++kb, ++kv_iter) {
+      const int stage = kv_iter % kStages;
+      mbar_wait(kv_full + stage, (kv_iter / kStages) & 1);
+      const unsigned char* k_s = sK + stage * kTileBytes;
+      const unsigned char* v_s = sV + stage * kTileBytes;
+      const float* bias = sBias + stage * kKeys;
+
+      float s[64];  // S = Q K^T: 16 accumulator tiles of 8 keys, s[4 nt + e]
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128k16_rs<T>(s, qf[kk], smem_descriptor(k_s + kk * 32), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(s);
+
+      float tile_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+        const float2 kbias = *reinterpret_cast<const float2*>(bias + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& x = s[4 * nt + e];
+          x = fmaf(x, a.scale_log2, e & 1 ? kbias.y : kbias.x);
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+        }
+      }
+      float rescale[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        rescale[r] = exp2_approx(row_max[r] - tile_max[r]);  // 0 on the first block (-inf)
+        row_max[r] = tile_max[r];
+        row_sum[r] *= rescale[r];
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        s[i] = exp2_approx(s[i] - row_max[(i >> 1) & 1]);
+        row_sum[(i >> 1) & 1] += s[i];
+      }
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[i] *= rescale[(i >> 1) & 1];
+      if (dropping) {
+        const uint64_t row0_base = (uint64_t(bh) * S + q_row0) * S, row1_base = row0_base + 8 * uint64_t(S);
+#pragma unroll
+        for (int nt = 0; nt < kKeys / 8; ++nt) {
+          bool keep[4];
+          keep_query_rows(drop, row0_base, row1_base, kb * kKeys + nt * 8 + 2 * t, keep);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[4 * nt + e] = keep[e] ? s[4 * nt + e] : 0.0f;
+        }
+      }
+
+      // O += P V: P's accumulator tiles, two by two, are the A fragments of 16 keys.
+      uint32_t pa[kKeys / 16][4];
+#pragma unroll
+      for (int kc = 0; kc < kKeys / 16; ++kc) {
+        pa[kc][0] = pack<T>(s[8 * kc + 0], s[8 * kc + 1]);
+        pa[kc][1] = pack<T>(s[8 * kc + 2], s[8 * kc + 3]);
+        pa[kc][2] = pack<T>(s[8 * kc + 4], s[8 * kc + 5]);
+        pa[kc][3] = pack<T>(s[8 * kc + 6], s[8 * kc + 7]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kc = 0; kc < kKeys / 16; ++kc)
+        wgmma_m64n64k16_rs<T, true>(o, pa[kc], smem_descriptor(v_s + kc * 16 * 128), true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(kv_empty + stage);
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+      row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+      inv[r] = 1.0f / row_sum[r];
+    }
+    const int q_row1 = q_row0 + 8;
+    if (t == 0) {
+      if (q_row0 < S) a.stats[int64_t(bh) * S + q_row0] = make_float2(row_max[0], inv[0]);
+      if (q_row1 < S) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
+    }
+    const float s0 = inv[0] * a.keep_scale, s1 = inv[1] * a.keep_scale;
+    T* ctx = static_cast<T*>(a.ctx) + int64_t(b) * S * H + h * kD + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+      if (q_row0 < S)
+        *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row0) * H + dt * 8) = pack<T>(o[4 * dt] * s0, o[4 * dt + 1] * s0);
+      if (q_row1 < S)
+        *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row1) * H + dt * 8) =
+            pack<T>(o[4 * dt + 2] * s1, o[4 * dt + 3] * s1);
+    }
+  }
+#else
+  __trap();  // picked only where hopper_kernels_present() says this image has the body
+#endif
+}
+
+}  // namespace
+
+bool hopper_kernels_present() {
+  static std::array<std::atomic<int>, 64> known{};  // per device: 0 unknown, 1 present, 2 absent
+  int device = 0;
+  HONE_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= int(known.size())) return false;
+  if (known[device] == 0) {
+    cudaFuncAttributes attr{};
+    const cudaError_t e = cudaFuncGetAttributes(&attr, hopper_forward_kernel<__nv_bfloat16>);
+    if (e != cudaSuccess) cudaGetLastError();  // no image for this GPU: the answer, not an error
+    // Machine code built from sm_90a's PTX; an image JIT-compiled from older PTX has no body.
+    known[device] = e == cudaSuccess && attr.binaryVersion == 90 && attr.ptxVersion == 90 ? 1 : 2;
+  }
+  return known[device] == 1;
+}
+
+template <typename T>
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int batch, int sms,
+                           cudaStream_t stream) {
+  static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
+    HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(Smem::kBytes)));
+    return true;
+  }();
+  (void)smem_opted_in;
+  const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
+  hopper_forward_kernel<T><<<std::min(tiles, sms), kHopperThreads, Smem::kBytes, stream>>>(qkv_map, a, batch);
+  HONE_CUDA_LAUNCH_CHECK();
+}
+
+template void launch_hopper_forward<__nv_bfloat16>(const ForwardArgs&, const CUtensorMap&, int, int, cudaStream_t);
+template void launch_hopper_forward<__half>(const ForwardArgs&, const CUtensorMap&, int, int, cudaStream_t);
+
+}  // namespace hone::cuda::flash

@@ -1,0 +1,220 @@
+#pragma once
+// Hopper's (sm_90a) asynchronous building blocks, as the flash_hopper_*.cu kernels use them:
+// mbarriers, TMA tile loads into 128-byte-swizzled shared memory, and warpgroup MMA
+// (wgmma) with its shared memory descriptors. The instructions exist only in the sm_90a
+// image (HONE_HOPPER_IMAGE); kernels built on them compile to an empty body elsewhere and
+// the host picks them only on a 9.0 GPU.
+//
+// Tiles of 64 half-precision columns (128 bytes a row) use the 128-byte swizzle: the 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8), so that eight rows' chunk c fall in eight
+// different banks. Such a tile is an "atom" column for wgmma; tiles start 1024-byte aligned.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/flash_kernels.h"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HONE_HOPPER_IMAGE 1
+#endif
+
+namespace hone::cuda::hopper {
+
+using flash::smem_address;
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a 128-byte-swizzled tile.
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
+
+// ---------------------------------------------------------------- mbarriers
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
+}
+// Makes initialised barriers visible to the async proxy (TMA) before any thread uses them.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// One arrival that also announces `bytes` of TMA traffic the phase must wait for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// Waits until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// Hands registers between warpgroups (every warp of a warpgroup executes it): a producer
+// that only issues TMA gives most back, the MMA warpgroups take them.
+template <int Registers>
+__device__ __forceinline__ void registers_decrease() {
+#ifdef HONE_HOPPER_IMAGE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+#endif
+}
+template <int Registers>
+__device__ __forceinline__ void registers_increase() {
+#ifdef HONE_HOPPER_IMAGE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+#endif
+}
+
+// ---------------------------------------------------------------- TMA
+
+// Box (c0 = column, c1 = row) of a 2-D tensor map into shared memory; completes on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_address(bar))
+      : "memory");
+}
+
+// Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// A barrier among `threads` threads (a warpgroup) on hardware barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Adds two floats to global memory, one vector reduction.
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+#ifdef HONE_HOPPER_IMAGE
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------- wgmma
+
+// Descriptor of a 128-byte-swizzled operand in shared memory whose 8-row groups lie 1024
+// bytes apart. The same form serves a K-major operand (rows are M or N, the 64 columns K;
+// step K by 16 with +32 bytes) and an MN-major one (rows are K, the columns M or N; step K
+// by 16 with +2048 bytes); the leading byte offset is unused when M or N is one atom wide.
+__device__ __forceinline__ uint64_t smem_descriptor(const void* p) {
+  uint64_t d = (smem_address(p) & 0x3FFFF) >> 4;
+  d |= uint64_t(1) << 16;           // leading byte offset (unused), 16 bytes
+  d |= uint64_t(1024 >> 4) << 32;   // stride byte offset
+  d |= uint64_t(1) << 62;           // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define HONE_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                     "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d (64 x 64, F32) (+)= a (64 x 16, registers, A fragments) * b (16 x 64, shared memory).
+// TransB: b is MN-major (its rows are K). accumulate = false overwrites d.
+template <typename T, bool TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                                   bool accumulate) {
+#ifdef HONE_HOPPER_IMAGE
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(TransB)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(TransB)));
+  }
+#endif
+}
+
+// d (64 x 64, F32) (+)= a (64 x 16) * b (16 x 64), both from shared memory; TransA: a is
+// MN-major (its rows are K).
+template <typename T, bool TransA, bool TransB>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
+#ifdef HONE_HOPPER_IMAGE
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, %35, %36;\n}\n"
+        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
+        : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, %35, %36;\n}\n"
+        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
+        : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)));
+  }
+#endif
+}
+
+// d (64 x 128, F32) (+)= a (64 x 16, registers) * b (16 x 128, shared memory, K-major).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+                                                    bool accumulate) {
+#ifdef HONE_HOPPER_IMAGE
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24), HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48),
+          HONE_ACC8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24), HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48),
+          HONE_ACC8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+  }
+#endif
+}
+
+#undef HONE_ACC8
+
+}  // namespace hone::cuda::hopper
