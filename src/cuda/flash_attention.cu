@@ -36,6 +36,31 @@ __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int3
   if (threadIdx.x == 0) key_lengths[b] = last >= 0 ? last + 1 : S;
 }
 
+// keep_bits[row * W + w], row = (b heads + h) S + query, holds in bit k whether dropout
+// keeps (row, key 32 w + k): dropout_keep of element row S + key, as on the CPU; keys past
+// S get 0. One thread per word: eight whole Philox blocks when S % 4 == 0. The Hopper
+// kernels read these words instead of drawing Philox blocks in their inner loops, where the
+// draws' latency would stall the tensor cores.
+__global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int64_t rows, uint32_t* __restrict__ bits) {
+  const uint64_t stream = dropout_stream(drop);
+  for (int64_t i = grid_start(); i < rows * W; i += grid_stride()) {
+    const int64_t row = i / W;
+    const int key0 = int(i % W) * 32;
+    const uint64_t base = uint64_t(row) * S + key0;
+    uint32_t word = 0;
+    if (S % 4 == 0) {
+      for (int blk = 0; blk < 8 && key0 + 4 * blk < S; ++blk) {
+        const Philox4 r = philox_block(drop.seed, stream, (base >> 2) + blk);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) word |= uint32_t(uniform_from_word(r.v[e]) >= drop.p) << (4 * blk + e);
+      }
+    } else {
+      for (int k = 0; k < 32 && key0 + k < S; ++k) word |= uint32_t(dropout_keep(drop.seed, stream, base + k, drop.p)) << k;
+    }
+    bits[i] = word;
+  }
+}
+
 // row_dot[b, h, i] = dctx[b, i, head h] . ctx[b, i, head h] in F32: D / 8 lanes per row,
 // 8 elements (16 bytes) each.
 template <typename T, int D>
@@ -142,6 +167,19 @@ bool use_hopper(const AttentionDims& d) {
   return d.head_dim == flash::kHopperHeadDim && flash::hopper_kernels_present() && hopper_attention_allowed();
 }
 
+// The dropout keep bits of this call in the workspace, and their TMA map (box_rows rows of
+// four words: 128 keys); a zeroed map when nothing is dropped.
+CUtensorMap keep_bits_map(cudaStream_t stream, const AttentionDims& d, const DropoutSpec& drop, Tensor& workspace,
+                          int box_rows) {
+  if (drop.p <= 0.0f) return CUtensorMap{};
+  const int W = keep_words(d.seq);
+  const int64_t rows = int64_t(d.batch) * d.heads * d.seq;
+  uint32_t* bits = reinterpret_cast<uint32_t*>(workspace.f32() + flash_scratch(d).keep_bits);
+  keep_bits_kernel<<<blocks_for(rows * W), kThreads, 0, stream>>>(drop, d.seq, W, rows, bits);
+  HONE_CUDA_LAUNCH_CHECK();
+  return flash::hopper_bits_map(bits, rows, W, box_rows);
+}
+
 int sm_count() {
   int device = 0, sms = 0;
   HONE_CUDA_CHECK(cudaGetDevice(&device));
@@ -150,6 +188,8 @@ int sm_count() {
 }
 
 }  // namespace
+
+int keep_words(int seq) { return (seq + 127) / 128 * 4; }
 
 bool flash_supports_head_dim(int head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
@@ -163,6 +203,8 @@ FlashScratch flash_scratch(const AttentionDims& d) {
   f.dq_accum = at, at += aligned(tokens * d.hidden());
   f.row_dot = at, at += aligned(tokens * d.heads);
   f.key_lengths = at, at += aligned(d.batch);
+  const bool hopper_dim = d.head_dim == flash::kHopperHeadDim;  // only the Hopper kernels read keep bits
+  f.keep_bits = at, at += hopper_dim ? aligned(int64_t(d.batch) * d.heads * d.seq * keep_words(d.seq)) : 0;
   f.total = at;
   return f;
 }
@@ -177,10 +219,11 @@ void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, c
   if (use_hopper(d)) {
     const bool bf16 = qkv.dtype == DType::BF16;
     const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, int64_t(d.batch) * d.seq, 3 * d.hidden(), 128);
+    const CUtensorMap bits = keep_bits_map(stream, d, drop, workspace, 128);
     if (bf16)
-      flash::launch_hopper_forward<__nv_bfloat16>(a, map, d.batch, sm_count(), stream);
+      flash::launch_hopper_forward<__nv_bfloat16>(a, map, bits, d.batch, sm_count(), stream);
     else
-      flash::launch_hopper_forward<__half>(a, map, d.batch, sm_count(), stream);
+      flash::launch_hopper_forward<__half>(a, map, bits, d.batch, sm_count(), stream);
     return;
   }
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
@@ -215,7 +258,8 @@ void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, 
         const bool bf16 = qkv.dtype == DType::BF16;
         const CUtensorMap qkv_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * H, 64);
         const CUtensorMap dctx_map = flash::hopper_tile_map(dctx.data, bf16, T, H, 64);
-        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, d.batch, sm_count(), stream);
+        const CUtensorMap bits = keep_bits_map(stream, d, drop, workspace, 64);
+        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, bits, d.batch, sm_count(), stream);
       } else {
         flash::launch_backward<T16, D>(a, d.batch, stream);
       }

@@ -21,9 +21,12 @@ struct FlashScratch {
   int64_t dq_accum;     // F32 [B*S, H]: dQ summed over key blocks (backward)
   int64_t row_dot;      // F32 [B, heads, S]: rowsum(dctx * ctx) (backward)
   int64_t key_lengths;  // I32 [B]: keys past the last attended one are skipped
+  int64_t keep_bits;    // U32 [B, heads, S, keep_words(S)]: dropout keep bits (Hopper kernels)
   int64_t total;
 };
 FlashScratch flash_scratch(const AttentionDims& d);
+// 32-bit words of keep bits per query row: S rounded up to 128 keys (a 16-byte TMA row).
+int keep_words(int seq);
 
 // Whether flash_forward / flash_backward run this head size.
 bool flash_supports_head_dim(int head_dim);

@@ -19,17 +19,20 @@ constexpr int kHopperHeadDim = 64;
 // 128-byte swizzled: one head's Q, K, V (of qkv) or dO (of dctx) tiles.
 CUtensorMap hopper_tile_map(const void* base, bool bf16, int64_t rows, int64_t cols, int box_rows);
 
+// TMA map of the dropout keep bits, U32 [rows, words], in boxes of box_rows x 4 words.
+CUtensorMap hopper_bits_map(const uint32_t* bits, int64_t rows, int words, int box_rows);
+
 // Whether the current GPU runs the kernels below: a 9.0 GPU and a binary with sm_90a code.
 bool hopper_kernels_present();
 
 // sms: the number of persistent CTAs at most (one per SM).
-// qkv_map: boxes of 128 rows.
+// qkv_map and bits_map (read only when a.drop.p > 0): boxes of 128 rows.
 template <typename T>
-void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int batch, int sms,
-                           cudaStream_t stream);
-// qkv_map and dctx_map: boxes of 64 rows. a.dq_accum as for launch_backward.
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
+                           int sms, cudaStream_t stream);
+// qkv_map, dctx_map and bits_map: boxes of 64 rows. a.dq_accum as for launch_backward.
 template <typename T>
 void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,
-                            int batch, int sms, cudaStream_t stream);
+                            const CUtensorMap& bits_map, int batch, int sms, cudaStream_t stream);
 
 }  // namespace hone::cuda::flash

@@ -8,7 +8,8 @@
 //   S^T = K Q^T and dP^T = V dO^T (64 keys x 64 queries),
 //   dV += P'^T dO and dK += dS^T Q (P' the dropped P, dS^T = P^T (dP^T - D)),
 //   dQ_part = dS K over its 64 keys (dS^T through shared memory),
-// and adds dQ_part to the F32 accumulator with vector reductions. Padded queries are
+// and adds dQ_part to the F32 accumulator with vector reductions. Dropout reads the keep
+// bits drawn beforehand (keep_bits_kernel) through the query stages. Padded queries are
 // computed (P = 0 past the sequence); key tiles past the sequence's last attended key only
 // write their zero gradients. Same arguments and results as flash_backward.cu.
 #include <algorithm>
@@ -33,22 +34,25 @@ constexpr int kBox = 64 * kD * 2;                      // one swizzled [64][64] 
 
 struct BwdSmem {
   // Per K/V buffer (two: the next tile's load overlaps this one) K and V of 128 keys; per
-  // stage Q and dO of 64 queries; per consumer warpgroup its dS^T [64 keys][64 queries].
+  // stage Q and dO of 64 queries; per consumer warpgroup two dS^T [64 keys][64 queries],
+  // used in turns, so that a warp writing the next block's dS^T never overwrites rows that
+  // a slower warp's part of the last dQ product may still read.
   static constexpr size_t kK = 0;                                       // [2][128][64]
   static constexpr size_t kV = kK + 2 * size_t(2 * kBox);               // [2][128][64]
   static constexpr size_t kQ = kV + 2 * size_t(2 * kBox);               // [kStages][64][64]
   static constexpr size_t kO = kQ + size_t(kStages) * kBox;             // [kStages][64][64]
-  static constexpr size_t kDS = kO + size_t(kStages) * kBox;            // [kConsumers][64][64]
-  static constexpr size_t kStats = kDS + size_t(kConsumers) * kBox;     // [kStages][64] float2
+  static constexpr size_t kDS = kO + size_t(kStages) * kBox;            // [kConsumers][2][64][64]
+  static constexpr size_t kStats = kDS + size_t(2 * kConsumers) * kBox;  // [kStages][64] float2
   static constexpr size_t kDot = kStats + size_t(kStages) * kQueries * 8;  // [kStages][64] F32
-  static constexpr size_t kBars = kDot + size_t(kStages) * kQueries * 4;
+  static constexpr size_t kBits = kDot + size_t(kStages) * kQueries * 4;  // [kStages][64][4] U32, 128-aligned
+  static constexpr size_t kBars = kBits + size_t(kStages) * kQueries * 16;
   static constexpr size_t kBytes = kBars + (4 + 2 * kStages) * 8 + 1024;  // + alignment slack
 };
 
 template <typename T>
 __global__ void __launch_bounds__(kThreadsBwd, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dctx_map,
-                           BackwardArgs a, int batch) {
+                           const __grid_constant__ CUtensorMap bits_map, BackwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
@@ -59,6 +63,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   unsigned char* sDS = smem + BwdSmem::kDS;
   float2* sStats = reinterpret_cast<float2*>(smem + BwdSmem::kStats);
   float* sDot = reinterpret_cast<float*>(smem + BwdSmem::kDot);
+  const uint32_t* sBits = reinterpret_cast<const uint32_t*>(smem + BwdSmem::kBits);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + BwdSmem::kBars);
   uint64_t* kv_full = bars;       // [2]: K and V of a tile landed
   uint64_t* kv_empty = bars + 2;  // [2]: every consumer warp is done with the tile
@@ -83,6 +88,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   const int S = a.seq, H = a.heads * kD;
   const int key_tiles = (S + kKeys - 1) / kKeys, q_blocks = (S + kQueries - 1) / kQueries;
   const int tiles = key_tiles * batch * a.heads;
+  const bool dropping = a.drop.p > 0.0f;
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<40>();
@@ -112,9 +118,12 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
           sDot[stage * kQueries + i] = valid ? a.row_dot[int64_t(bh) * S + q] : 0.0f;
         }
         if (lane == 0) {
-          mbar_arrive_expect_tx(q_full + stage, 2 * kBox);
+          mbar_arrive_expect_tx(q_full + stage, 2 * kBox + (dropping ? kQueries * 16 : 0));
           tma_load_2d(sQ + stage * kBox, &qkv_map, h * kD, row0 + qb * kQueries, q_full + stage);
           tma_load_2d(sO + stage * kBox, &dctx_map, h * kD, row0 + qb * kQueries, q_full + stage);
+          if (dropping)
+            tma_load_2d(smem + BwdSmem::kBits + stage * kQueries * 16, &bits_map, key0 / 32, bh * S + qb * kQueries,
+                        q_full + stage);
         } else {
           mbar_arrive(q_full + stage);
         }
@@ -127,9 +136,6 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   // A consumer: warpgroup wg owns keys 64 wg .. 64 wg + 63 of the tile; its warp wq rows
   // 16 wq .. 16 wq + 15 of them, this lane keys key_a and key_a + 8.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
-  const Dropout drop = make_dropout(a.drop, S);
-  const bool dropping = a.drop.p > 0.0f;
-  unsigned char* ds_s = sDS + wg * kBox;
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int bh = tile / key_tiles, key0 = tile % key_tiles * kKeys, b = bh / a.heads, h = bh % a.heads;
@@ -158,16 +164,9 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     mbar_wait(kv_full + buf, (kv_iter++ >> 1) & 1);
     const unsigned char* k_s = sK + buf * 2 * kBox;
     const unsigned char* v_s = sV + buf * 2 * kBox;
-    uint32_t kf[kD / 16][4], vf[kD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int r = row_in_tile + (lane & 15);
-      ldmatrix_x4(kf[kk], k_s + swizzled(r, kk * 2 + (lane >> 4)));
-      ldmatrix_x4(vf[kk], v_s + swizzled(r, kk * 2 + (lane >> 4)));
-    }
     const int32_t* mask_row = a.mask + seq_row0;
     const int kind_a = key_kind(mask_row, key_a, S), kind_b = key_kind(mask_row, key_b, S);
-    const uint64_t head_base = uint64_t(bh) * S * S;
+    const int bit_word = (row_in_tile + g) >> 5, bit_a = (row_in_tile + g) & 31;  // key_b: bit_a + 8, same word
     float dk[32], dv[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
@@ -179,7 +178,18 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       const unsigned char* o_s = sO + stage * kBox;
       const float2* stats = sStats + stage * kQueries;
       const float* dots = sDot + stage * kQueries;
+      const uint32_t* bits = sBits + stage * kQueries * 4;  // [query][4 words of the tile's keys]
+      unsigned char* ds_s = sDS + (2 * wg + (q_iter & 1)) * kBox;
 
+      // This warp's K and V fragments, read again per block: kept across the loop, they
+      // would be 32 registers more than the consumers have.
+      uint32_t kf[kD / 16][4], vf[kD / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int r = row_in_tile + (lane & 15);
+        ldmatrix_x4(kf[kk], k_s + swizzled(r, kk * 2 + (lane >> 4)));
+        ldmatrix_x4(vf[kk], v_s + swizzled(r, kk * 2 + (lane >> 4)));
+      }
       float s[32], dp[32];  // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, tiles of 8 queries
       wgmma_fence();
 #pragma unroll
@@ -189,6 +199,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         wgmma_m64n64k16_rs<T, false>(dp, vf[kk], smem_descriptor(o_s + kk * 32), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
+      fence_registers(kf);
+      fence_registers(vf);
       fence_registers(s);
       fence_registers(dp);
 
@@ -199,7 +211,11 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
         const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
         bool keep[4] = {true, true, true, true};
-        if (dropping) keep_key_rows(drop, head_base, S, key_a, qb * kQueries + qc, keep);
+        if (dropping) {
+          const uint32_t w0 = bits[qc * 4 + bit_word], w1 = bits[(qc + 1) * 4 + bit_word];
+          keep[0] = (w0 >> bit_a) & 1u, keep[1] = (w1 >> bit_a) & 1u;
+          keep[2] = (w0 >> (bit_a + 8)) & 1u, keep[3] = (w1 >> (bit_a + 8)) & 1u;
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float& x = s[4 * nt + e];
@@ -228,6 +244,12 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         da[qc][2] = pack<T>(dp[8 * qc + 4], dp[8 * qc + 5]);
         da[qc][3] = pack<T>(dp[8 * qc + 6], dp[8 * qc + 7]);
       }
+      // dQ_part (64 queries x 64) = dS K over this warpgroup's keys reads all of its dS^T.
+      fence_async_shared();
+      named_barrier(1 + wg, 128);
+      float dq[32];
+      fence_registers(dv);
+      fence_registers(dk);
       wgmma_fence();
 #pragma unroll
       for (int qc = 0; qc < kQueries / 16; ++qc)
@@ -235,19 +257,14 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 #pragma unroll
       for (int qc = 0; qc < kQueries / 16; ++qc)
         wgmma_m64n64k16_rs<T, true>(dk, da[qc], smem_descriptor(q_s + qc * 16 * 128), true);
-      wgmma_commit();
-
-      // dQ_part (64 queries x 64) = dS K over this warpgroup's keys, once all of its dS^T is in.
-      fence_async_shared();
-      named_barrier(1 + wg, 128);
-      float dq[32];
-      wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < 64 / 16; ++kc)
         wgmma_m64n64k16_ss<T, true, true>(dq, smem_descriptor(ds_s + kc * 16 * 128),
                                           smem_descriptor(k_s + (wg * 64 + kc * 16) * 128), kc > 0);
       wgmma_commit();
       wgmma_wait<0>();
+      fence_registers(pa);
+      fence_registers(da);
       fence_registers(dv);
       fence_registers(dk);
       fence_registers(dq);
@@ -290,7 +307,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 
 template <typename T>
 void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,
-                            int batch, int sms, cudaStream_t stream) {
+                            const CUtensorMap& bits_map, int batch, int sms, cudaStream_t stream) {
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
     HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(BwdSmem::kBytes)));
@@ -299,13 +316,13 @@ void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, c
   (void)smem_opted_in;
   const int tiles = (a.seq + kKeys - 1) / kKeys * batch * a.heads;
   hopper_backward_kernel<T>
-      <<<std::min(tiles, sms), kThreadsBwd, BwdSmem::kBytes, stream>>>(qkv_map, dctx_map, a, batch);
+      <<<std::min(tiles, sms), kThreadsBwd, BwdSmem::kBytes, stream>>>(qkv_map, dctx_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-template void launch_hopper_backward<__nv_bfloat16>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&, int,
-                                                     int, cudaStream_t);
-template void launch_hopper_backward<__half>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                             cudaStream_t);
+template void launch_hopper_backward<__nv_bfloat16>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&,
+                                                     const CUtensorMap&, int, int, cudaStream_t);
+template void launch_hopper_backward<__half>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&,
+                                             const CUtensorMap&, int, int, cudaStream_t);
 
 }  // namespace hone::cuda::flash

@@ -6,7 +6,8 @@
 // mask bias beside them, and mbarriers hand stages back and forth. Each consumer warpgroup
 // owns 64 query rows: it keeps its Q fragments in registers and per key block issues
 // S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
-// memory), with the online softmax between them in registers. Same arguments and results
+// memory), with the online softmax between them in registers. Dropout reads its keep bits,
+// drawn beforehand (keep_bits_kernel), through the same stages. Same arguments and results
 // as flash_forward.cu (ForwardArgs), so the two are interchangeable.
 #include <algorithm>
 #include <array>
@@ -37,13 +38,15 @@ struct Smem {
   static constexpr size_t kK = kQ + kTileBytes;
   static constexpr size_t kV = kK + size_t(kStages) * kTileBytes;
   static constexpr size_t kBias = kV + size_t(kStages) * kTileBytes;   // [kStages][kKeys] F32
-  static constexpr size_t kBars = kBias + size_t(kStages) * kKeys * 4;  // mbarriers
+  static constexpr size_t kBits = kBias + size_t(kStages) * kKeys * 4;  // [kStages][kRows][4] U32
+  static constexpr size_t kBars = kBits + size_t(kStages) * kRows * 16;  // mbarriers
   static constexpr size_t kBytes = kBars + (2 + 2 * kStages) * 8 + 1024;  // + alignment slack
 };
 
 template <typename T>
 __global__ void __launch_bounds__(kHopperThreads, 1)
-    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, ForwardArgs a, int batch) {
+    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap bits_map,
+                          ForwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
@@ -51,6 +54,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   unsigned char* sK = smem + Smem::kK;
   unsigned char* sV = smem + Smem::kV;
   float* sBias = reinterpret_cast<float*>(smem + Smem::kBias);
+  const uint4* sBits = reinterpret_cast<const uint4*>(smem + Smem::kBits);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBars);
   uint64_t* q_full = bars;          // Q landed (TMA bytes)
   uint64_t* q_empty = bars + 1;     // every consumer warp holds its Q fragments
@@ -73,6 +77,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const int S = a.seq, H = a.heads * kD;
   const int q_tiles = (S + kRows - 1) / kRows;
   const int tiles = q_tiles * batch * a.heads;
+  const bool dropping = a.drop.p > 0.0f;
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<40>();
@@ -93,9 +98,12 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
         for (int i = lane; i < kKeys; i += 32) sBias[stage * kKeys + i] = key_bias(mask_row, kb * kKeys + i, S);
         if (lane == 0) {
-          mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes);
+          mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
           tma_load_2d(sK + stage * kTileBytes, &qkv_map, H + h * kD, row0 + kb * kKeys, kv_full + stage);
           tma_load_2d(sV + stage * kTileBytes, &qkv_map, 2 * H + h * kD, row0 + kb * kKeys, kv_full + stage);
+          if (dropping)
+            tma_load_2d(smem + Smem::kBits + stage * kRows * 16, &bits_map, kb * 4, bh * S + qt * kRows,
+                        kv_full + stage);
         } else {
           mbar_arrive(kv_full + stage);
         }
@@ -107,8 +115,6 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
   // A consumer: warpgroup wg, its warp wq holds rows 16 wq .. 16 wq + 15 of the group's 64.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
-  const Dropout drop = make_dropout(a.drop, S);
-  const bool dropping = a.drop.p > 0.0f;
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
@@ -173,15 +179,17 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       }
 #pragma unroll
       for (int i = 0; i < 32; ++i) o[i] *= rescale[(i >> 1) & 1];
-      if (dropping) {
-        const uint64_t row0_base = (uint64_t(bh) * S + q_row0) * S, row1_base = row0_base + 8 * uint64_t(S);
+      fence_registers(o);
+      if (dropping) {  // this lane's two rows' 128 keep bits, key 8 nt + 2 t + (e & 1) in word nt / 4
+        const uint4 w0 = sBits[stage * kRows + row_in_tile + g], w1 = sBits[stage * kRows + row_in_tile + g + 8];
+        const uint32_t words[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
 #pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) {
-          bool keep[4];
-          keep_query_rows(drop, row0_base, row1_base, kb * kKeys + nt * 8 + 2 * t, keep);
+        for (int nt = 0; nt < kKeys / 8; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[4 * nt + e] = keep[e] ? s[4 * nt + e] : 0.0f;
-        }
+          for (int e = 0; e < 4; ++e) {
+            const uint32_t bit = (words[e >> 1][nt >> 2] >> ((nt & 3) * 8 + 2 * t + (e & 1))) & 1u;
+            s[4 * nt + e] = bit ? s[4 * nt + e] : 0.0f;
+          }
       }
 
       // O += P V: P's accumulator tiles, two by two, are the A fragments of 16 keys.
@@ -199,6 +207,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         wgmma_m64n64k16_rs<T, true>(o, pa[kc], smem_descriptor(v_s + kc * 16 * 128), true);
       wgmma_commit();
       wgmma_wait<0>();
+      fence_registers(pa);
       fence_registers(o);
       __syncwarp();
       if (lane == 0) mbar_arrive(kv_empty + stage);
@@ -250,8 +259,8 @@ bool hopper_kernels_present() {
 }
 
 template <typename T>
-void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int batch, int sms,
-                           cudaStream_t stream) {
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
+                           int sms, cudaStream_t stream) {
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
     HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(Smem::kBytes)));
@@ -259,11 +268,13 @@ void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int
   }();
   (void)smem_opted_in;
   const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
-  hopper_forward_kernel<T><<<std::min(tiles, sms), kHopperThreads, Smem::kBytes, stream>>>(qkv_map, a, batch);
+  hopper_forward_kernel<T><<<std::min(tiles, sms), kHopperThreads, Smem::kBytes, stream>>>(qkv_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-template void launch_hopper_forward<__nv_bfloat16>(const ForwardArgs&, const CUtensorMap&, int, int, cudaStream_t);
-template void launch_hopper_forward<__half>(const ForwardArgs&, const CUtensorMap&, int, int, cudaStream_t);
+template void launch_hopper_forward<__nv_bfloat16>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                    cudaStream_t);
+template void launch_hopper_forward<__half>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                            cudaStream_t);
 
 }  // namespace hone::cuda::flash

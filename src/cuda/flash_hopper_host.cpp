@@ -40,4 +40,19 @@ CUtensorMap hopper_tile_map(const void* base, bool bf16, int64_t rows, int64_t c
   return map;
 }
 
+CUtensorMap hopper_bits_map(const uint32_t* bits, int64_t rows, int words, int box_rows) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(words), cuuint64_t(rows)};
+  const cuuint64_t row_stride[1] = {cuuint64_t(words) * 4};
+  const cuuint32_t box[2] = {4, cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<uint32_t*>(bits), dims,
+                                    row_stride, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail("attention: cuTensorMapEncodeTiled for the dropout bits [{}, {}] failed (CUresult {})", rows, words, int(r));
+  return map;
+}
+
 }  // namespace hone::cuda::flash
