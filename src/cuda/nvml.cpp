@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "cuda/flash_hopper.h"
 #include "cuda/kernel_image.h"
 #include "hone/cuda.h"
 #include "hone/gpu_info.h"
@@ -250,8 +251,20 @@ std::string device_report(int dev) {
   else
     out += fmt::format("  hone's kernels: no machine code for compute capability {}.{} in this binary ({}): the "
                        "driver would compile them from PTX on the first run, if the binary has PTX it can use; "
-                       "rebuild with -DCMAKE_CUDA_ARCHITECTURES=native\n",
+                       "rebuild with -DCMAKE_CUDA_ARCHITECTURES=$(tools/cuda-arch.sh)\n",
                        prop.major, prop.minor, k.detail);
+  if (cc == 90) {
+    int previous = 0;
+    bool hopper = false;
+    if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(dev) == cudaSuccess) {
+      hopper = cuda::flash::hopper_kernels_present();
+      cudaSetDevice(previous);
+    }
+    out += hopper ? "  attention: Hopper's wgmma/TMA kernels for head size 64 (sm_90a machine code), the mma.sync "
+                    "ones for 16, 32 and 128\n"
+                  : "  attention: the mma.sync kernels only: this binary has no sm_90a image for Hopper's wgmma/TMA "
+                    "kernels (build with -DCMAKE_CUDA_ARCHITECTURES=90a)\n";
+  }
   return out;
 }
 

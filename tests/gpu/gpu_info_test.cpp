@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "cuda/flash_hopper.h"
 #include "hone/cuda.h"
 #include "test_util.h"
 
@@ -82,6 +83,16 @@ TEST_F(GpuInfo, EnvSaysTheKernelsAreMachineCodeForThisGpu) {
   EXPECT_NE(r.out.find(fmt::format("hone's kernels: machine code for sm_{}{} in this binary", prop.major, prop.minor)),
             std::string::npos)
       << r.out;
+  // On Hopper it says which attention kernels run: the wgmma/TMA ones when this binary has
+  // their sm_90a image (every build for 90a, as the device builds are).
+  if (prop.major == 9 && prop.minor == 0) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    const bool hopper = cuda::flash::hopper_kernels_present();
+    std::printf("  sm_90a attention kernels in this binary: %s\n", hopper ? "yes" : "no");
+    EXPECT_EQ(r.out.find("attention: Hopper's wgmma/TMA kernels for head size 64") != std::string::npos, hopper)
+        << r.out;
+    EXPECT_EQ(r.out.find("attention: the mma.sync kernels only") != std::string::npos, !hopper) << r.out;
+  }
 }
 
 }  // namespace
