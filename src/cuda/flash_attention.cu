@@ -43,6 +43,9 @@ __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int3
 // draws' latency would stall the tensor cores.
 __global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int64_t rows, uint32_t* __restrict__ bits) {
   const uint64_t stream = dropout_stream(drop);
+  // uniform_from_word(w) >= p, exactly: (w >> 8) 2^-24 >= p iff (w >> 8) >= ceil(p 2^24),
+  // both sides exact in float (p < 1), so an integer compare.
+  const uint32_t threshold = uint32_t(ceilf(drop.p * 16777216.0f)) << 8;
   for (int64_t i = grid_start(); i < rows * W; i += grid_stride()) {
     const int64_t row = i / W;
     const int key0 = int(i % W) * 32;
@@ -52,7 +55,7 @@ __global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int64_t rows, u
       for (int blk = 0; blk < 8 && key0 + 4 * blk < S; ++blk) {
         const Philox4 r = philox_block(drop.seed, stream, (base >> 2) + blk);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) word |= uint32_t(uniform_from_word(r.v[e]) >= drop.p) << (4 * blk + e);
+        for (int e = 0; e < 4; ++e) word |= uint32_t(r.v[e] >= threshold) << (4 * blk + e);
       }
     } else {
       for (int k = 0; k < 32 && key0 + k < S; ++k) word |= uint32_t(dropout_keep(drop.seed, stream, base + k, drop.p)) << k;
