@@ -135,6 +135,34 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
 
 #define HONE_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define HONE_ACC32 HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
+#define HONE_REGS32                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define HONE_REGS64                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+// One asm statement per shape; TY is the PTX name of T ("bf16" or "f16").
+#define HONE_WGMMA_N64_RS(TY)                                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " HONE_REGS32                    \
+               "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                             \
+               : HONE_ACC32                                                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(TransB)))
+#define HONE_WGMMA_N64_SS(TY)                                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " HONE_REGS32                    \
+               "%32, %33, p, 1, 1, %35, %36;\n}\n"                                                         \
+               : HONE_ACC32                                                                                \
+               : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)))
+#define HONE_WGMMA_N128_RS(TY)                                                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " HONE_REGS64                   \
+               "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                               \
+               : HONE_ACC32, HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48), HONE_ACC8(56)                    \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
 
 // d (64 x 64, F32) (+)= a (64 x 16, registers, A fragments) * b (16 x 64, shared memory).
 // TransB: b is MN-major (its rows are K). accumulate = false overwrites d.
@@ -142,25 +170,10 @@ template <typename T, bool TransB>
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                                    bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(TransB)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(TransB)));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    HONE_WGMMA_N64_RS("bf16");
+  else
+    HONE_WGMMA_N64_RS("f16");
 #endif
 }
 
@@ -169,25 +182,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 template <typename T, bool TransA, bool TransB>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, %35, %36;\n}\n"
-        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
-        : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, %35, %36;\n}\n"
-        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24)
-        : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    HONE_WGMMA_N64_SS("bf16");
+  else
+    HONE_WGMMA_N64_SS("f16");
 #endif
 }
 
@@ -196,34 +194,19 @@ template <typename T>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
                                                     bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24), HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48),
-          HONE_ACC8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : HONE_ACC8(0), HONE_ACC8(8), HONE_ACC8(16), HONE_ACC8(24), HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48),
-          HONE_ACC8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
-  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    HONE_WGMMA_N128_RS("bf16");
+  else
+    HONE_WGMMA_N128_RS("f16");
 #endif
 }
 
+#undef HONE_WGMMA_N64_RS
+#undef HONE_WGMMA_N64_SS
+#undef HONE_WGMMA_N128_RS
+#undef HONE_REGS32
+#undef HONE_REGS64
+#undef HONE_ACC32
 #undef HONE_ACC8
 
 }  // namespace hone::cuda::hopper
