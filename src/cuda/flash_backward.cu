@@ -118,13 +118,9 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
       bool keep[4] = {true, true, true, true};
       if (dropping) keep_key_rows(drop, head_base, S, key_a, tile * Br + qc, keep);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = score_log2(s[nt][e], e < 2 ? kind_a : kind_b, a.scale_log2);
-        const float p = e & 1 ? exp2_approx(x - st.z) * st.w : exp2_approx(x - st.x) * st.y;
-        const float grad = keep[e] ? dp[nt][e] * a.keep_scale : 0.0f;  // d(P) from d(P')
-        s[nt][e] = keep[e] ? p * a.keep_scale : 0.0f;
-        dp[nt][e] = p * (grad - (e & 1 ? dot.y : dot.x));
-      }
+      for (int e = 0; e < 4; ++e)
+        backward_element(s[nt][e], dp[nt][e], e < 2 ? kind_a : kind_b, a.scale_log2, e & 1 ? st.z : st.x,
+                         e & 1 ? st.w : st.y, e & 1 ? dot.y : dot.x, keep[e], a.keep_scale);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g) * LDS + qc) = pack<T>(dp[nt][0], dp[nt][1]);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g + 8) * LDS + qc) = pack<T>(dp[nt][2], dp[nt][3]);
     }

@@ -217,15 +217,9 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
           keep[2] = (w0 >> (bit_a + 8)) & 1u, keep[3] = (w1 >> (bit_a + 8)) & 1u;
         }
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& x = s[4 * nt + e];
-          float& y = dp[4 * nt + e];
-          const float z = score_log2(x, e < 2 ? kind_a : kind_b, a.scale_log2);
-          const float p = e & 1 ? exp2_approx(z - st.z) * st.w : exp2_approx(z - st.x) * st.y;
-          const float grad = keep[e] ? y * a.keep_scale : 0.0f;  // d(P) from d(P')
-          x = keep[e] ? p * a.keep_scale : 0.0f;
-          y = p * (grad - (e & 1 ? dot.y : dot.x));
-        }
+        for (int e = 0; e < 4; ++e)
+          backward_element(s[4 * nt + e], dp[4 * nt + e], e < 2 ? kind_a : kind_b, a.scale_log2,
+                           e & 1 ? st.z : st.x, e & 1 ? st.w : st.y, e & 1 ? dot.y : dot.x, keep[e], a.keep_scale);
         const int r = wq * 16 + g;  // dS^T rows are keys, 128-byte swizzled, 2 queries a word
         *reinterpret_cast<uint32_t*>(ds_s + swizzled(r, nt) + 4 * t) = pack<T>(dp[4 * nt], dp[4 * nt + 1]);
         *reinterpret_cast<uint32_t*>(ds_s + swizzled(r + 8, nt) + 4 * t) = pack<T>(dp[4 * nt + 2], dp[4 * nt + 3]);

@@ -153,6 +153,18 @@ __device__ __forceinline__ float key_bias(const int32_t* mask_row, int j, int se
   return j < seq ? (mask_row[j] != 0 ? 0.0f : -FLT_MAX) : -INFINITY;
 }
 
+// One element of the backward's tiles (rows keys, columns queries): the score s = q.k
+// becomes P' (P kept and scaled by 1 / (1 - p), or 0: the factor of dV) and dp, the
+// gradient of P', becomes dS = P (dP - D) (the factor of dK and dQ). max, inv and dot are
+// the query's forward {max, 1 / sum} and D = rowsum(dO * O).
+__device__ __forceinline__ void backward_element(float& s, float& dp, int kind, float scale_log2, float max, float inv,
+                                                 float dot, bool keep, float keep_scale) {
+  const float p = exp2_approx(score_log2(s, kind, scale_log2) - max) * inv;
+  const float grad = keep ? dp * keep_scale : 0.0f;  // d(P) from d(P')
+  s = keep ? p * keep_scale : 0.0f;
+  dp = p * (grad - dot);
+}
+
 __device__ __forceinline__ uint32_t pick(const uint32_t (&v)[4], int i) {
   return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
 }
