@@ -26,6 +26,8 @@
 #include "hone/backend.h"
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
+#include "cuda/sdpa.h"
+#include "hone/error.h"
 #include "test_util.h"
 
 namespace hone {
@@ -188,6 +190,28 @@ void for_each_kernel_set(const std::function<void(const std::string&)>& body) {
     body(choice);
   }
   unsetenv("HONE_ATTENTION");
+}
+
+// HONE_ATTENTION picks among hone's kernels, their mma.sync set and cuDNN's; any other value
+// is an error that lists the choices (no GPU needed).
+TEST(AttentionChoice, UnknownValuesAreAnErrorListingTheChoices) {
+  setenv("HONE_ATTENTION", "flash3", 1);
+  try {
+    (void)cuda::hopper_attention_allowed();
+    ADD_FAILURE() << "HONE_ATTENTION=flash3 was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* s : {"HONE_ATTENTION=flash3", "\"flash\"", "\"flash2\"", "\"cudnn\""})
+      EXPECT_NE(what.find(s), std::string::npos) << what;
+  }
+  setenv("HONE_ATTENTION", "flash2", 1);
+  EXPECT_FALSE(cuda::hopper_attention_allowed());
+  EXPECT_FALSE(cuda::cudnn_attention_selected());
+  setenv("HONE_ATTENTION", "flash", 1);
+  EXPECT_TRUE(cuda::hopper_attention_allowed());
+  unsetenv("HONE_ATTENTION");
+  EXPECT_TRUE(cuda::hopper_attention_allowed());
+  EXPECT_FALSE(cuda::cudnn_attention_selected());
 }
 
 // Right padding, holes and every key masked, for each head size, an odd length (77: tail
