@@ -242,6 +242,7 @@ struct AttentionCase {
   HostTensor stats{DType::F32, {2, 3, 5, 2}};
   HostTensor ctx{DType::F32, {10, 12}};
   HostTensor work;
+  Tensor keep;  // the CPU backend keeps no mask bits
   explicit AttentionCase(const Backend& be) : work(DType::F32, {be.attention_workspace_elems(d, DType::F32)}) {}
 };
 
@@ -272,7 +273,7 @@ void attention_reference(const AttentionCase& c, const DropoutSpec& drop, std::v
         stats[2 * r + 1] = 1.0 / sum;
         for (int j = 0; j < S; ++j) {
           const size_t idx = r * S + j;
-          const bool keep = drop.p == 0 || dropout_keep(drop.seed, drop.stream, idx, drop.p);
+          const bool keep = drop.p == 0 || attention_keep(drop.seed, drop.stream, idx, drop.p);
           const double pd = keep ? row[j] / sum / (1.0 - drop.p) : 0.0;
           for (int e = 0; e < hd; ++e) ctx[(b * S + i) * H + h * hd + e] += pd * at(b, j, 2 * H + h * hd + e);
         }
@@ -284,7 +285,7 @@ TEST(OpsAttention, ForwardMatchesDoubleReference) {
   for (float p : {0.0f, 0.3f}) {
     AttentionCase c(be);
     const DropoutSpec drop{p, 1234, 5};
-    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.ctx.t, c.work.t);
+    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.keep, c.ctx.t, c.work.t);
     std::vector<double> stats, ctx;
     attention_reference(c, drop, stats, ctx);
     expect_close("stats, p = " + std::to_string(p), c.stats.f(), stats);
@@ -296,7 +297,7 @@ TEST(OpsAttention, FullyMaskedSequenceGivesUniformProbs) {
   CpuBackend be;
   AttentionCase c(be);
   for (int j = 0; j < 5; ++j) c.mask.i()[5 + j] = 0;
-  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.ctx.t, c.work.t);
+  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
   // Every key weighs 1/5: each context row of sequence 1 is the mean of its value rows.
   for (int r = 15; r < 30; ++r) EXPECT_FLOAT_EQ(c.stats.f()[2 * r + 1], 0.2f);
   for (int i = 0; i < 5; ++i)
@@ -314,12 +315,12 @@ TEST(OpsAttention, BackwardMatchesFiniteDifferences) {
     const DropoutSpec drop{p, 77, 2};
     HostTensor r = random({10, 12}, 12);
     auto loss = [&] {
-      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.ctx.t, c.work.t);
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.keep, c.ctx.t, c.work.t);
       return weighted_sum(c.ctx, r);
     };
     loss();
     HostTensor dqkv = filled({10, 36}, 5.0f);
-    ops::attention_backward(be, r.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.d, drop, dqkv.t, c.work.t);
+    ops::attention_backward(be, r.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.keep, c.d, drop, dqkv.t, c.work.t);
     expect_grad("dqkv, p = " + std::to_string(p), dqkv.f(), numeric_grad(c.qkv, loss, 1e-2f));
   }
 }
@@ -328,14 +329,14 @@ TEST(OpsAttention, WrapperChecksShapesAndWorkspace) {
   CpuBackend be;
   AttentionCase c(be);
   HostTensor small(DType::F32, {be.attention_workspace_elems(c.d, DType::F32) - 1});
-  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.ctx.t, small.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, small.t), Error);
   HostTensor fmask = filled({2, 5}, 1.0f);
-  EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, fmask.t, c.d, {}, c.stats.t, c.ctx.t, c.work.t); }),
+  EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, fmask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t); }),
             "attention_forward: mask has dtype F32, expected I32");
   AttentionDims wrong = c.d;
   wrong.heads = 4;
-  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, wrong, {}, c.stats.t, c.ctx.t, c.work.t), Error);
-  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.stats.t, c.ctx.t, c.work.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, wrong, {}, c.stats.t, c.keep, c.ctx.t, c.work.t), Error);
+  EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.stats.t, c.keep, c.ctx.t, c.work.t), Error);
 }
 
 // ---------------------------------------------------------------------------- layernorm
@@ -942,8 +943,9 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
   Tensor qkv{nullptr, DType::F32, {10, 36}}, mask{nullptr, DType::I32, {2, 5}};
   Tensor stats{nullptr, DType::F32, {2, 3, 5, 2}}, ctx{nullptr, DType::F32, {10, 12}};
   Tensor work{nullptr, DType::F32, {be.attention_workspace_elems(d, DType::F32)}};
-  ops::attention_forward(be, qkv, mask, d, {0.1f, 1, 2}, stats, ctx, work);
-  ops::attention_backward(be, ctx, qkv, ctx, mask, stats, d, {0.1f, 1, 2}, qkv, work);
+  Tensor keep;
+  ops::attention_forward(be, qkv, mask, d, {0.1f, 1, 2}, stats, keep, ctx, work);
+  ops::attention_backward(be, ctx, qkv, ctx, mask, stats, keep, d, {0.1f, 1, 2}, qkv, work);
   Tensor ids{nullptr, DType::I32, {10}}, word{nullptr, DType::F32, {50, 12}}, pos{nullptr, DType::F32, {8, 12}};
   Tensor type{nullptr, DType::F32, {2, 12}};
   ops::embedding_forward(be, ids, ids, word, pos, type, 5, ctx);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "ops/op_util.h"
@@ -62,6 +63,48 @@ TEST(Philox, BlockWalkMatchesDropoutKeep) {
       ops::detail::for_each_keep(d, begin, n, [&](int64_t k, bool keep) { seen[size_t(k)] = keep; });
       for (int64_t k = 0; k < n; ++k)
         EXPECT_EQ(seen[size_t(k)], int(dropout_keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
+            << "begin " << begin << " k " << k;
+    }
+  }
+}
+
+// Attention's mask: 16 bits per element, eight elements per block, the low half first.
+TEST(Philox, AttentionKeepLayout) {
+  const uint64_t seed = 77, stream = 9;
+  const float p = 0.3f;
+  const uint32_t threshold = attention_keep_threshold(p);
+  EXPECT_EQ(threshold, 19661u);  // ceil(0.3f * 65536)
+  for (uint64_t i = 0; i < 64; ++i) {
+    const uint32_t word = philox_block(seed, stream, i / 8).v[(i / 2) % 4];
+    const uint32_t half = i % 2 ? word >> 16 : word & 0xffffu;
+    EXPECT_EQ(attention_keep(seed, stream, i, p), half >= threshold) << i;
+  }
+}
+
+TEST(Philox, AttentionKeepThresholdIsTheCeilingOfP16) {
+  EXPECT_EQ(attention_keep_threshold(0.0f), 0u);  // keeps everything
+  EXPECT_EQ(attention_keep_threshold(0.25f), 16384u);  // exact
+  EXPECT_EQ(attention_keep_threshold(0.1f), 6554u);  // 6553.6 rounded up
+  EXPECT_EQ(attention_keep_threshold(std::nextafter(1.0f, 0.0f)), 65536u);  // keeps nothing
+}
+
+TEST(Philox, AttentionKeepsOneMinusPOfAMillion) {
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    int64_t kept = 0;
+    const int64_t n = 1000000;
+    for (int64_t i = 0; i < n; ++i) kept += attention_keep(42, 7, uint64_t(i), p);
+    EXPECT_NEAR(double(kept) / n, 1.0 - p, 0.003) << "p = " << p;
+  }
+}
+
+TEST(Philox, AttentionBlockWalkMatchesAttentionKeep) {
+  const DropoutSpec d{0.3f, 99, 5};
+  for (uint64_t begin : {0ull, 1ull, 3ull, 7ull, 8ull, 1001ull}) {
+    for (int64_t n : {0, 1, 7, 8, 9, 17, 33}) {
+      std::vector<int> seen(size_t(n), -1);
+      ops::detail::for_each_attention_keep(d, begin, n, [&](int64_t k, bool keep) { seen[size_t(k)] = keep; });
+      for (int64_t k = 0; k < n; ++k)
+        EXPECT_EQ(seen[size_t(k)], int(attention_keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
             << "begin " << begin << " k " << k;
     }
   }

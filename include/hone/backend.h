@@ -26,7 +26,8 @@ namespace hone {
 enum class Activation : uint8_t { Gelu, GeluTanh, Relu };
 
 // Dropout of one call site: element i is kept iff dropout_keep(seed, dropout_stream(d), i,
-// p), and kept elements are scaled by 1 / (1 - p). p == 0 is the identity.
+// p) (attention's probabilities: attention_keep), and kept elements are scaled by
+// 1 / (1 - p). p == 0 is the identity.
 struct DropoutSpec {
   float p = 0.0f;
   uint64_t seed = 0;
@@ -281,13 +282,20 @@ class Backend {
   // [B, heads, S, 2] keeps, per query row, the maximum of its masked scores and the
   // reciprocal of its sum of exponentials, from which backward recomputes P bit for bit
   // (P = exp(score - max) * inv, the forward's own arithmetic).
+  // keep: I32 [B, heads, S, attention_keep_words(d, dtype)] receives the dropout mask
+  // as bits when the backend keeps it for backward (p > 0 and a nonzero word count);
+  // otherwise it is not read and may be empty.
   virtual void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                                 const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) = 0;
+                                 const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
+                                 Tensor& workspace) = 0;
   // dqkv: [B*S, 3H] (overwritten). ctx is the forward's output, which the fused backward
-  // reads (rowsum(dctx * ctx)) rather than recomputing it.
+  // reads (rowsum(dctx * ctx)) rather than recomputing it; keep, the forward's mask bits.
   virtual void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
-                                  const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
-                                  Tensor& workspace) = 0;
+                                  const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                                  const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) = 0;
+  // 32-bit words of dropout keep bits per query row that attention_forward saves for
+  // attention_backward in this compute dtype; 0 when backward draws the mask again.
+  virtual int attention_keep_words(const AttentionDims&, DType) const { return 0; }
   // Scratch the attention ops need for this compute dtype, in F32 elements (planned as
   // workspace, shared by layers). Under BF16/F16 the CUDA backend runs a fused (flash)
   // attention whose stats hold, per query row, the maximum in base-2 units (scale q.k

@@ -28,10 +28,10 @@ class CpuBackend final : public Backend {
   void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w, Tensor& y,
                                   Tensor& dpre, Tensor& dw, Tensor* db) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
-                         Tensor& stats, Tensor& ctx, Tensor& workspace) override;
+                         Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) override;
   void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
-                          const Tensor& stats,
-                          const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
+                          const Tensor& stats, const Tensor& keep, const AttentionDims& d, const DropoutSpec& drop,
+                          Tensor& dqkv, Tensor& workspace) override;
   int64_t attention_workspace_elems(const AttentionDims& d, DType t) const override;
   void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;

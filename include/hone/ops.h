@@ -20,11 +20,14 @@ void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const
 void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
                                 Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db);
 
+// keep: the mask bits forward saves for backward, I32 [B, heads, S, words] with words =
+// attention_keep_words(be, d, dtype, drop); not read when that is 0 (and may be empty).
+int attention_keep_words(const Backend& be, const AttentionDims& d, DType t, const DropoutSpec& drop);
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                       const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);
+                       const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace);
 void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
-                        const Tensor& stats,
-                        const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
+                        const Tensor& stats, const Tensor& keep, const AttentionDims& d, const DropoutSpec& drop,
+                        Tensor& dqkv, Tensor& workspace);
 
 void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                        Tensor& mean, Tensor& rstd);

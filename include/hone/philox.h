@@ -52,4 +52,24 @@ HONE_HD bool dropout_keep(uint64_t seed, uint64_t stream, uint64_t i, float p) {
   return uniform_from_word(philox_word(seed, stream, i)) >= p;
 }
 
+// Attention's probabilities are S^2 per head, so their mask draws 16 bits per element,
+// eight elements per Philox block, which halves the generator's work: element i takes
+// half i % 2 (the low half first) of word (i / 2) % 4 of block i / 8, and is kept when
+// that half is >= attention_keep_threshold(p). The kept fraction is then
+// 1 - ceil(p 2^16) / 2^16, within 2^-16 of 1 - p.
+HONE_HD uint32_t attention_keep_threshold(float p) {
+  const float t = p * 65536.0f;  // exact: a power-of-two scale
+  const uint32_t whole = uint32_t(t);
+  return whole + (float(whole) < t ? 1u : 0u);  // ceil(t), the same on host and device
+}
+
+HONE_HD bool attention_half_kept(uint32_t word, uint32_t half, uint32_t threshold) {
+  return ((word >> (16 * half)) & 0xffffu) >= threshold;
+}
+
+HONE_HD bool attention_keep(uint64_t seed, uint64_t stream, uint64_t i, float p) {
+  const Philox4 r = philox_block(seed, stream, i >> 3);
+  return attention_half_kept(r.v[(i >> 1) & 3], uint32_t(i & 1), attention_keep_threshold(p));
+}
+
 }  // namespace hone

@@ -13,7 +13,7 @@
 // (sdpa.h) instead: its mask becomes per-sequence key lengths, so it must be right-padded
 // (ones, then zeros; the caller guarantees it); stats keeps the log-sum-exp of each query
 // row in its first B*heads*S floats, and dropout draws cuDNN's own Philox mask (not
-// dropout_keep's): the same DropoutSpec gives the same mask in forward and backward, but
+// attention_keep's): the same DropoutSpec gives the same mask in forward and backward, but
 // not the F32 path's mask.
 #include <cfloat>
 
@@ -38,17 +38,17 @@ __device__ __forceinline__ DropoutSpec resolved(DropoutSpec d) {
   return d;
 }
 
-// Dropout bits of columns [idx, idx + W) of the flat probs index; with W = 4 idx is a
-// multiple of 4, so one Philox block gives all four (the same words as dropout_keep).
-// d is resolved.
+// Dropout bits of columns [idx, idx + W) of the flat probs index (attention_keep's); with
+// W = 4 idx is a multiple of 4, so the four halves lie in one Philox block. d is resolved.
 template <int W>
 __device__ __forceinline__ void keep_bits(DropoutSpec d, uint64_t idx, bool (&keep)[W]) {
   if constexpr (W == 4) {
-    const Philox4 r = philox_block(d.seed, d.stream, idx >> 2);
+    const Philox4 r = philox_block(d.seed, d.stream, idx >> 3);
+    const uint32_t threshold = attention_keep_threshold(d.p), first = uint32_t(idx & 7) / 2;
     #pragma unroll
-    for (int t = 0; t < 4; ++t) keep[t] = uniform_from_word(r.v[t]) >= d.p;
+    for (int t = 0; t < 4; ++t) keep[t] = attention_half_kept(r.v[first + t / 2], t & 1, threshold);
   } else {
-    keep[0] = dropout_keep(d.seed, d.stream, idx, d.p);
+    keep[0] = attention_keep(d.seed, d.stream, idx, d.p);
   }
 }
 
@@ -346,11 +346,18 @@ int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d, DType t) 
   fail("attention on CUDA: dtype {} is not a floating compute dtype", dtype_name(t));
 }
 
+// The flash kernels keep their mask for backward; cuDNN draws its own again, and the F32
+// path redraws attention_keep's.
+int CudaBackend::attention_keep_words(const AttentionDims& d, DType t) const {
+  return t != DType::F32 && !cudnn_attention_ ? cuda::keep_words(d.seq) : 0;
+}
+
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                                    const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+                                    const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
+                                    Tensor& workspace) {
   if (qkv.dtype != DType::F32) {
     if (cudnn_attention_) return fused_forward(sdpa_, stream_, qkv, mask, d, drop, stats, ctx, workspace);
-    return cuda::flash_forward(stream_, qkv, mask, d, drop, stats, ctx, workspace);
+    return cuda::flash_forward(stream_, qkv, mask, d, drop, stats, keep, ctx, workspace);
   }
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;
@@ -385,12 +392,12 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
 }
 
 void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
-                                     const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
-                                     Tensor& dqkv, Tensor& workspace) {
+                                     const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                                     const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
   if (qkv.dtype != DType::F32) {
     if (cudnn_attention_)
       return fused_backward(sdpa_, stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
-    return cuda::flash_backward(stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
+    return cuda::flash_backward(stream_, dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
   }
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const int64_t SS = int64_t(S) * S, rows = int64_t(d.batch) * d.heads * S;

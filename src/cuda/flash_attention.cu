@@ -37,28 +37,26 @@ __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int3
 }
 
 // keep_bits[row * W + w], row = (b heads + h) S + query, holds in bit k whether dropout
-// keeps (row, key 32 w + k): dropout_keep of element row S + key, as on the CPU; keys past
-// S get 0. One thread per word: eight whole Philox blocks when S % 4 == 0. The Hopper
-// kernels read these words instead of drawing Philox blocks in their inner loops, where the
-// draws' latency would stall the tensor cores.
+// keeps (row, key 32 w + k): attention_keep of element row S + key, as on the CPU; keys past
+// S get 0. One thread per word: four whole Philox blocks when S % 8 == 0. The forward
+// writes these words, the backward reads them again, and no kernel draws Philox blocks in
+// its inner loop, where the draws' latency would stall the tensor cores.
 __global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int64_t rows, uint32_t* __restrict__ bits) {
   const uint64_t stream = dropout_stream(drop);
-  // uniform_from_word(w) >= p, exactly: (w >> 8) 2^-24 >= p iff (w >> 8) >= ceil(p 2^24),
-  // both sides exact in float (p < 1), so an integer compare.
-  const uint32_t threshold = uint32_t(ceilf(drop.p * 16777216.0f)) << 8;
+  const uint32_t threshold = attention_keep_threshold(drop.p);
   for (int64_t i = grid_start(); i < rows * W; i += grid_stride()) {
     const int64_t row = i / W;
     const int key0 = int(i % W) * 32;
     const uint64_t base = uint64_t(row) * S + key0;
     uint32_t word = 0;
-    if (S % 4 == 0) {
-      for (int blk = 0; blk < 8 && key0 + 4 * blk < S; ++blk) {
-        const Philox4 r = philox_block(drop.seed, stream, (base >> 2) + blk);
+    if (S % 8 == 0) {
+      for (int blk = 0; blk < 4 && key0 + 8 * blk < S; ++blk) {
+        const Philox4 r = philox_block(drop.seed, stream, (base >> 3) + blk);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) word |= uint32_t(r.v[e] >= threshold) << (4 * blk + e);
+        for (int e = 0; e < 8; ++e) word |= uint32_t(attention_half_kept(r.v[e >> 1], e & 1, threshold)) << (8 * blk + e);
       }
     } else {
-      for (int k = 0; k < 32 && key0 + k < S; ++k) word |= uint32_t(dropout_keep(drop.seed, stream, base + k, drop.p)) << k;
+      for (int k = 0; k < 32 && key0 + k < S; ++k) word |= uint32_t(attention_keep(drop.seed, stream, base + k, drop.p)) << k;
     }
     bits[i] = word;
   }
@@ -170,17 +168,28 @@ bool use_hopper(const AttentionDims& d) {
   return d.head_dim == flash::kHopperHeadDim && flash::hopper_kernels_present() && hopper_attention_allowed();
 }
 
-// The dropout keep bits of this call in the workspace, and their TMA map (box_rows rows of
-// four words: 128 keys); a zeroed map when nothing is dropped.
-CUtensorMap keep_bits_map(cudaStream_t stream, const AttentionDims& d, const DropoutSpec& drop, Tensor& workspace,
-                          int box_rows) {
-  if (drop.p <= 0.0f) return CUtensorMap{};
+// The keep bits of this call, checked: the forward's to write or the backward's to read;
+// null when nothing is dropped.
+uint32_t* keep_bits(const Tensor& keep, const AttentionDims& d, const DropoutSpec& drop) {
+  if (drop.p <= 0.0f) return nullptr;
+  check_tensor(keep, DType::I32, int64_t(d.batch) * d.heads * d.seq * keep_words(d.seq), "the dropout keep bits");
+  return keep.ptr<uint32_t>();
+}
+
+// The forward's mask into `bits` (when dropping).
+void draw_keep_bits(cudaStream_t stream, const AttentionDims& d, const DropoutSpec& drop, uint32_t* bits) {
+  if (!bits) return;
   const int W = keep_words(d.seq);
   const int64_t rows = int64_t(d.batch) * d.heads * d.seq;
-  uint32_t* bits = reinterpret_cast<uint32_t*>(workspace.f32() + flash_scratch(d).keep_bits);
   keep_bits_kernel<<<blocks_for(rows * W), kThreads, 0, stream>>>(drop, d.seq, W, rows, bits);
   HONE_CUDA_LAUNCH_CHECK();
-  return flash::hopper_bits_map(bits, rows, W, box_rows);
+}
+
+// The Hopper kernels' TMA map of the keep bits (box_rows rows of four words: 128 keys); a
+// zeroed map when nothing is dropped.
+CUtensorMap keep_bits_map(const AttentionDims& d, uint32_t* bits, int box_rows) {
+  if (!bits) return CUtensorMap{};
+  return flash::hopper_bits_map(bits, int64_t(d.batch) * d.heads * d.seq, keep_words(d.seq), box_rows);
 }
 
 int sm_count() {
@@ -206,27 +215,27 @@ FlashScratch flash_scratch(const AttentionDims& d) {
   f.dq_accum = at, at += aligned(tokens * d.hidden());
   f.row_dot = at, at += aligned(tokens * d.heads);
   f.key_lengths = at, at += aligned(d.batch);
-  const bool hopper_dim = d.head_dim == flash::kHopperHeadDim;  // only the Hopper kernels read keep bits
-  f.keep_bits = at, at += hopper_dim ? aligned(int64_t(d.batch) * d.heads * d.seq * keep_words(d.seq)) : 0;
   f.total = at;
   return f;
 }
 
 void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                   const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+                   const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
   const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
   check_tensor(ctx, qkv.dtype, int64_t(d.batch) * d.seq * d.hidden(), "ctx");
+  uint32_t* bits = keep_bits(keep, d, drop);
+  draw_keep_bits(stream, d, drop, bits);
   const flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
                              reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
-                             keep_scale(drop)};
+                             keep_scale(drop), bits, keep_words(d.seq)};
   if (use_hopper(d)) {
     const bool bf16 = qkv.dtype == DType::BF16;
     const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, int64_t(d.batch) * d.seq, 3 * d.hidden(), 128);
-    const CUtensorMap bits = keep_bits_map(stream, d, drop, workspace, 128);
+    const CUtensorMap bits_map = keep_bits_map(d, bits, 128);
     if (bf16)
-      flash::launch_hopper_forward<__nv_bfloat16>(a, map, bits, d.batch, sm_count(), stream);
+      flash::launch_hopper_forward<__nv_bfloat16>(a, map, bits_map, d.batch, sm_count(), stream);
     else
-      flash::launch_hopper_forward<__half>(a, map, bits, d.batch, sm_count(), stream);
+      flash::launch_hopper_forward<__half>(a, map, bits_map, d.batch, sm_count(), stream);
     return;
   }
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
@@ -235,20 +244,21 @@ void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, c
 }
 
 void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                    const Tensor& mask, const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
-                    Tensor& dqkv, Tensor& workspace) {
+                    const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                    const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
   const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
   const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
   check_tensor(dctx, qkv.dtype, T * H, "dctx");
   check_tensor(ctx, qkv.dtype, T * H, "ctx");
   check_tensor(dqkv, qkv.dtype, T * 3 * H, "dqkv");
+  uint32_t* bits = keep_bits(keep, d, drop);
   const FlashScratch f = flash_scratch(d);
   float* dq_accum = workspace.f32() + f.dq_accum;
   float* row_dot = workspace.f32() + f.row_dot;
   HONE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(T * H) * sizeof(float), stream));
   const flash::BackwardArgs a{qkv.data, dctx.data, mask.ptr<int32_t>(), key_lengths,
                               reinterpret_cast<const float2*>(stats.f32()), row_dot, dq_accum, dqkv.data, d.seq,
-                              d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop)};
+                              d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop), bits, keep_words(d.seq)};
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
     using T16 = typename decltype(type)::type;
     constexpr int D = decltype(dim)::value;
@@ -261,8 +271,8 @@ void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, 
         const bool bf16 = qkv.dtype == DType::BF16;
         const CUtensorMap qkv_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * H, 64);
         const CUtensorMap dctx_map = flash::hopper_tile_map(dctx.data, bf16, T, H, 64);
-        const CUtensorMap bits = keep_bits_map(stream, d, drop, workspace, 64);
-        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, bits, d.batch, sm_count(), stream);
+        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, keep_bits_map(d, bits, 64), d.batch, sm_count(),
+                                           stream);
       } else {
         flash::launch_backward<T16, D>(a, d.batch, stream);
       }

@@ -2,7 +2,7 @@
 // hone's own flash attention for BF16 / F16 (flash_attention.cu), compiled ahead of time:
 // FlashAttention-2's tiling on mma.sync tensor cores, no [S, S] matrix anywhere, the
 // semantics of src/ops/attention.cpp (any 0/1 mask, -FLT_MAX on masked keys, dropout with
-// hone's Philox stream, so the CPU reference reproduces its masks). Head sizes 16, 32, 64
+// hone's Philox stream (attention_keep), so the CPU reference reproduces its masks). Head sizes 16, 32, 64
 // and 128.
 //
 // stats [B, heads, S, 2] keeps, per query row, {max, 1 / sum}: the maximum of its masked
@@ -21,21 +21,22 @@ struct FlashScratch {
   int64_t dq_accum;     // F32 [B*S, H]: dQ summed over key blocks (backward)
   int64_t row_dot;      // F32 [B, heads, S]: rowsum(dctx * ctx) (backward)
   int64_t key_lengths;  // I32 [B]: keys past the last attended one are skipped
-  int64_t keep_bits;    // U32 [B, heads, S, keep_words(S)]: dropout keep bits (Hopper kernels)
   int64_t total;
 };
 FlashScratch flash_scratch(const AttentionDims& d);
-// 32-bit words of keep bits per query row: S rounded up to 128 keys (a 16-byte TMA row).
+// 32-bit words of dropout keep bits per query row, which the forward saves for the
+// backward: S rounded up to 128 keys (a 16-byte TMA row).
 int keep_words(int seq);
 
 // Whether flash_forward / flash_backward run this head size.
 bool flash_supports_head_dim(int head_dim);
 
+// With dropout, keep (I32 [B, heads, S, keep_words(S)]) receives the mask's bits.
 void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                   const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace);
-// dqkv is overwritten entirely (padded keys get their gradient, 0).
+                   const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace);
+// dqkv is overwritten entirely (padded keys get their gradient, 0); keep is the forward's.
 void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                    const Tensor& mask, const Tensor& stats, const AttentionDims& d, const DropoutSpec& drop,
-                    Tensor& dqkv, Tensor& workspace);
+                    const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                    const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
 
 }  // namespace hone::cuda

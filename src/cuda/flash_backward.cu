@@ -76,9 +76,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   const int key_a = key0 + warp * 16 + g, key_b = key_a + 8;  // this lane's two keys
   const int32_t* mask_row = a.mask + seq_row0;
   const int kind_a = key_kind(mask_row, key_a, S), kind_b = key_kind(mask_row, key_b, S);
-  const Dropout drop = make_dropout(a.drop, S);
   const bool dropping = a.drop.p > 0.0f;
-  const uint64_t head_base = uint64_t(bh) * S * S;
+  const int keep_word = key_a >> 5, keep_bit = key_a & 31;  // key_b's bit is 8 higher, in the same word
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
 
   for (int tile = 0; tile < q_tiles; ++tile) {
@@ -116,7 +115,12 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
       const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
       const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
       bool keep[4] = {true, true, true, true};
-      if (dropping) keep_key_rows(drop, head_base, S, key_a, tile * Br + qc, keep);
+      if (dropping) {  // elements (key_a, q), (key_a, q + 1), (key_b, q), (key_b, q + 1)
+        const int q = tile * Br + qc;
+        const uint32_t w0 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q) + keep_word) >> keep_bit;
+        const uint32_t w1 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q + 1) + keep_word) >> keep_bit;
+        keep[0] = w0 & 1u, keep[1] = w1 & 1u, keep[2] = (w0 >> 8) & 1u, keep[3] = (w1 >> 8) & 1u;
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         backward_element(s[nt][e], dp[nt][e], e < 2 ? kind_a : kind_b, a.scale_log2, e & 1 ? st.z : st.x,

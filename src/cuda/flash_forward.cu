@@ -42,7 +42,6 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
   const T* v_src = q_src + 2 * H;
   const int32_t* mask_row = a.mask + int64_t(b) * S;
   const int tiles = (a.key_lengths[b] + Bc - 1) / Bc;
-  const Dropout drop = make_dropout(a.drop, S);
   const bool dropping = a.drop.p > 0.0f;
 
   const auto load_keys = [&](int tile) {
@@ -123,15 +122,20 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
         o[m][dt][0] *= rescale[0], o[m][dt][1] *= rescale[0];
         o[m][dt][2] *= rescale[1], o[m][dt][3] *= rescale[1];
       }
-      if (dropping) {
-        const int row0 = q0 + warp_row0 + m * 16 + g;  // this lane's rows: row0 and row0 + 8
-        const uint64_t row0_base = (uint64_t(bh) * S + row0) * S, row1_base = row0_base + 8 * uint64_t(S);
+      if (dropping) {  // this lane's rows are row0 and row0 + 8, its keys 8 nt + 2t and + 1
+        const int row0 = q0 + warp_row0 + m * 16 + g;
+        const uint32_t* bits0 = keep_row(a.keep_bits, a.keep_words, bh, S, row0);
+        const uint32_t* bits1 = keep_row(a.keep_bits, a.keep_words, bh, S, row0 + 8);
 #pragma unroll
-        for (int nt = 0; nt < Bc / 8; ++nt) {
-          bool keep[4];
-          keep_query_rows(drop, row0_base, row1_base, tile * Bc + nt * 8 + 2 * t, keep);
+        for (int c = 0; c < Bc / 32; ++c) {
+          const uint32_t w0 = __ldg(bits0 + tile * (Bc / 32) + c), w1 = __ldg(bits1 + tile * (Bc / 32) + c);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[m][nt][e] = keep[e] ? s[m][nt][e] : 0.0f;
+          for (int nt = 4 * c; nt < 4 * c + 4; ++nt) {
+            const int bit = (nt % 4) * 8 + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (!(((e < 2 ? w0 : w1) >> (bit + (e & 1))) & 1u)) s[m][nt][e] = 0.0f;
+          }
         }
       }
     }

@@ -1,7 +1,7 @@
 #pragma once
 // What the flash attention kernels (flash_forward.cu, flash_backward.cu) share: their
 // arguments, the PTX they are built from (cp.async, ldmatrix, mma.sync m16n8k16 with F32
-// accumulation), and the dropout bits of an accumulator tile.
+// accumulation), and the per-element math of scores and dropout.
 //
 // Fragment layouts of mma.sync.m16n8k16 (lane = 4 g + t): an accumulator tile holds, per
 // lane, rows g and g + 8, columns 2t and 2t + 1. ldmatrix.x4 loads four 8x8 matrices, lanes
@@ -16,7 +16,6 @@
 #include <type_traits>
 
 #include "hone/backend.h"
-#include "hone/philox.h"
 
 namespace hone::cuda::flash {
 
@@ -32,7 +31,9 @@ struct ForwardArgs {
   int seq, heads;
   float scale_log2;  // scale * log2 e
   DropoutSpec drop;
-  float keep_scale;  // 1 / (1 - p)
+  float keep_scale;             // 1 / (1 - p)
+  const uint32_t* keep_bits;    // [B, heads, S, keep_words]: written beforehand when p > 0
+  int keep_words;
 };
 
 struct BackwardArgs {
@@ -48,6 +49,8 @@ struct BackwardArgs {
   float scale, scale_log2;
   DropoutSpec drop;
   float keep_scale;
+  const uint32_t* keep_bits;  // the forward's, when p > 0
+  int keep_words;
 };
 
 // Host launchers, instantiated for T in {__nv_bfloat16, __half} and D in {16, 32, 64, 128}.
@@ -165,78 +168,11 @@ __device__ __forceinline__ void backward_element(float& s, float& dp, int kind, 
   dp = p * (grad - dot);
 }
 
-__device__ __forceinline__ uint32_t pick(const uint32_t (&v)[4], int i) {
-  return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
-}
-
-// The dropout context of one kernel: the stream is read once (from device memory when the
-// spec points at the step counter, so graph replays draw their step's masks).
-struct Dropout {
-  uint64_t seed, stream;
-  float p;
-  bool aligned;  // seq % 4 == 0: four consecutive keys of a row share one Philox block
-};
-
-__device__ __forceinline__ Dropout make_dropout(const DropoutSpec& d, int seq) {
-  return {d.seed, d.p > 0.0f ? dropout_stream(d) : 0, d.p, seq % 4 == 0};
-}
-
-__device__ __forceinline__ bool kept(const Dropout& d, uint32_t word) { return uniform_from_word(word) >= d.p; }
-
-// Keep bits of one accumulator tile whose rows are queries (forward): elements (row0, j),
-// (row0, j + 1), (row1, j), (row1, j + 1), rowN_base = flat index of (rowN, key 0), j even.
-// Aligned, lanes t and t ^ 1 hold keys 4u..4u+3 of both rows between them: each draws the
-// block of one row and they swap halves.
-__device__ __forceinline__ void keep_query_rows(const Dropout& d, uint64_t row0_base, uint64_t row1_base, int j,
-                                                bool (&keep)[4]) {
-  uint32_t w[4];
-  if (d.aligned) {
-    const bool odd = threadIdx.x & 1;
-    const Philox4 r = philox_block(d.seed, d.stream, ((odd ? row1_base : row0_base) + (j & ~3)) >> 2);
-    const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? r.v[0] : r.v[2], 1);
-    const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? r.v[1] : r.v[3], 1);
-    w[0] = odd ? got0 : r.v[0];
-    w[1] = odd ? got1 : r.v[1];
-    w[2] = odd ? r.v[2] : got0;
-    w[3] = odd ? r.v[3] : got1;
-  } else {
-    w[0] = philox_word(d.seed, d.stream, row0_base + j);
-    w[1] = philox_word(d.seed, d.stream, row0_base + j + 1);
-    w[2] = philox_word(d.seed, d.stream, row1_base + j);
-    w[3] = philox_word(d.seed, d.stream, row1_base + j + 1);
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) keep[e] = kept(d, w[e]);
-}
-
-// Keep bits of one accumulator tile whose rows are keys (backward): elements (key, q),
-// (key, q + 1), (key + 8, q), (key + 8, q + 1), q even, key = the lane's row. `head_base`
-// is the flat index of (this head, query 0, key 0). Aligned, the four lanes whose rows
-// are keys 4v..4v+3 (lanes 4a + t for a = key % 4) need four blocks, (q or q + 1) x
-// (keys 4v.. or 4v + 8..): lane a draws block a, and element e of every lane takes word a
-// of block e, passed around in three xor-shuffles.
-__device__ __forceinline__ void keep_key_rows(const Dropout& d, uint64_t head_base, int seq, int key, int q,
-                                              bool (&keep)[4]) {
-  uint32_t w[4];
-  if (d.aligned) {
-    const int a = key & 3;
-    const int my_q = q + (a & 1), my_key = (key & ~3) + (a >> 1) * 8;
-    Philox4 r = philox_block(d.seed, d.stream, (head_base + uint64_t(my_q) * seq + my_key) >> 2);
-    uint32_t got[4];  // got[s] = word a of the block of lane a ^ s
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t send = pick(r.v, a ^ s);
-      got[s] = s == 0 ? send : __shfl_xor_sync(0xffffffffu, send, 4 * s);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) w[e] = pick(got, a ^ e);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      w[e] = philox_word(d.seed, d.stream, head_base + uint64_t(q + (e & 1)) * seq + key + (e >> 1) * 8);
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) keep[e] = kept(d, w[e]);
+// The dropout keep bits of one query row (keep_bits_kernel's, flash_attention.cu): word k
+// holds keys 32k .. 32k + 31, key j in bit j % 32. Rows past the sequence (a tail tile's,
+// whose results are never stored) read the last row, so that no read leaves the buffer.
+__device__ __forceinline__ const uint32_t* keep_row(const uint32_t* bits, int words, int bh, int seq, int row) {
+  return bits + (int64_t(bh) * seq + min(row, seq - 1)) * words;
 }
 
 // Rows [r0, r0 + rows) of a [*, ld] half matrix into shared memory rows of `sld` elements,

@@ -170,11 +170,19 @@ BertForSequenceClassification::Pass BertForSequenceClassification::pass(const Ba
 }
 
 void BertForSequenceClassification::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
-                                              const Tensor& qkv, Tensor& stats, Tensor& ctx) {
+                                              const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(p.ad, compute_)});
-  ops::attention_forward(be, qkv, p.batch.attention_mask, p.ad, layer_dropout(p.drop, l, 0), stats, ctx, ws);
+  ops::attention_forward(be, qkv, p.batch.attention_mask, p.ad, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
   mem.release(ws);
+}
+
+Tensor BertForSequenceClassification::attention_keep(const Backend& be, BufferSource& mem, const Pass& p, int l,
+                                                     Category c, const char* name) const {
+  const int words = ops::attention_keep_words(be, p.ad, compute_, layer_dropout(p.drop, l, 0));
+  if (words == 0) return {};
+  return mem.take(c, name, c == Category::Activations ? l : -1, DType::I32,
+                  {p.ad.batch, p.ad.heads, p.ad.seq, words});
 }
 
 void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
@@ -188,8 +196,9 @@ void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
   s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
+  s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
   s.ctx = activation(mem, "attention_context", l, {T, H});
-  attention(be, mem, p, l, s.qkv, s.attn_stats, s.ctx);
+  attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx);
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
   ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
   s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
@@ -218,9 +227,11 @@ void BertForSequenceClassification::release_unkept(BufferSource& mem, int l, con
   Saved& s = saved_[l];
   if (!keep_for_backward) {
     mem.release(x);
-    for (const Tensor* t : s.for_backward()) mem.release(*t);
+    for (const Tensor* t : s.for_backward())
+      if (t->data) mem.release(*t);  // attn_keep may be empty
   } else if (checkpointing_ == Checkpointing::Full) {  // x stays: the layer's checkpoint
-    for (const Tensor* t : s.for_backward()) mem.release(*t);
+    for (const Tensor* t : s.for_backward())
+      if (t->data) mem.release(*t);  // attn_keep may be empty
   } else if (checkpointing_ == Checkpointing::Selective) {
     mem.release(s.ctx);
     mem.release(s.ln1_out);
@@ -399,12 +410,14 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
   mem.release(s.ln1_mean);
   mem.release(s.ln1_rstd);
   if (selective) {
-    // The context again, from the kept qkv with the same dropout; the statistics it
-    // recomputes go to scratch, so that backward reads the forward's own.
+    // The context again, from the kept qkv with the same dropout; the statistics and mask
+    // bits it recomputes go to scratch, so that backward reads the forward's own.
     s.ctx = activation(mem, "attention_context", l, {T, H});
     Tensor stats =
         mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
-    attention(be, mem, p, l, s.qkv, stats, s.ctx);
+    Tensor keep = attention_keep(be, mem, p, l, Category::Workspace, "recomputed_attention_dropout_mask");
+    attention(be, mem, p, l, s.qkv, stats, keep, s.ctx);
+    if (keep.data) mem.release(keep);
     mem.release(stats);
   }
   Tensor d_ctx = scratch(mem, "attention_context_grad", {T, H});
@@ -413,12 +426,13 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
   Tensor d_qkv = scratch(mem, "qkv_grad", {T, 3 * H});
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(p.ad, compute_)});
-  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, p.ad,
+  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, p.ad,
                           layer_dropout(p.drop, l, 0), d_qkv, ws);
   mem.release(ws);
   mem.release(d_ctx);
   mem.release(s.ctx);
   mem.release(s.attn_stats);
+  if (s.attn_keep.data) mem.release(s.attn_keep);
   if (selective && l > 0)
     x = recompute_layernorm(be, mem, saved_[l - 1].ln2_in, layers_[l - 1].ln2, "layer_out", l - 1);
   // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.

@@ -20,7 +20,8 @@ namespace ops {
 namespace {
 
 void check_attention(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop,
-                     const Tensor& qkv, const Tensor& mask, const Tensor& stats, const Tensor& workspace) {
+                     const Tensor& qkv, const Tensor& mask, const Tensor& stats, const Tensor& keep,
+                     const Tensor& workspace) {
   if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
     fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
   detail::expect_dropout(op, drop);
@@ -29,6 +30,8 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
   detail::expect_shape(op, "qkv", qkv, {tokens, 3 * int64_t(d.hidden())});
   detail::expect(op, "mask", mask, DType::I32, {d.batch, d.seq});
   detail::expect(op, "stats", stats, DType::F32, {d.batch, d.heads, d.seq, 2});
+  if (const int words = attention_keep_words(be, d, qkv.dtype, drop); words > 0)
+    detail::expect(op, "keep", keep, DType::I32, {d.batch, d.heads, d.seq, words});
   detail::expect_dtype(op, "workspace", workspace, DType::F32);
   const int64_t need = be.attention_workspace_elems(d, qkv.dtype);
   if (workspace.numel() < need)
@@ -37,24 +40,28 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
 
 }  // namespace
 
+int attention_keep_words(const Backend& be, const AttentionDims& d, DType t, const DropoutSpec& drop) {
+  return drop.p > 0.0f ? be.attention_keep_words(d, t) : 0;
+}
+
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                       const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
-  check_attention("attention_forward", be, d, drop, qkv, mask, stats, workspace);
+                       const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
+  check_attention("attention_forward", be, d, drop, qkv, mask, stats, keep, workspace);
   detail::expect("attention_forward", "ctx", ctx, qkv.dtype, {int64_t(d.batch) * d.seq, d.hidden()});
   if (be.dry_run) return;
-  be.attention_forward(qkv, mask, d, drop, stats, ctx, workspace);
+  be.attention_forward(qkv, mask, d, drop, stats, keep, ctx, workspace);
 }
 
 void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
-                        const Tensor& stats,
-                        const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
-  check_attention("attention_backward", be, d, drop, qkv, mask, stats, workspace);
+                        const Tensor& stats, const Tensor& keep, const AttentionDims& d, const DropoutSpec& drop,
+                        Tensor& dqkv, Tensor& workspace) {
+  check_attention("attention_backward", be, d, drop, qkv, mask, stats, keep, workspace);
   const int64_t tokens = int64_t(d.batch) * d.seq;
   detail::expect("attention_backward", "dctx", dctx, qkv.dtype, {tokens, d.hidden()});
   detail::expect("attention_backward", "ctx", ctx, qkv.dtype, {tokens, d.hidden()});
   detail::expect("attention_backward", "dqkv", dqkv, qkv.dtype, {tokens, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
-  be.attention_backward(dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
+  be.attention_backward(dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
 }
 
 }  // namespace ops
@@ -117,7 +124,8 @@ float* head_scores(const AttentionDims& d, const float* qkvp, const Tensor& work
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                                   const DropoutSpec& drop, Tensor& stats, Tensor& ctx, Tensor& workspace) {
+                                   const DropoutSpec& drop, Tensor& stats, Tensor& /*keep*/, Tensor& ctx,
+                                   Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const bool dropping = drop.p > 0.0f;
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
@@ -140,7 +148,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
       statsp[2 * (int64_t(bh) * S + i) + 1] = inv;
       if (dropping) {
         float* out = dropped + int64_t(i) * S;
-        ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S,
+        ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * S, S,
                                    [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
       }
     }
@@ -150,9 +158,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
 }
 
 void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& /*ctx*/, const Tensor& mask,
-                                    const Tensor& stats,
-                                    const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
-                                    Tensor& workspace) {
+                                    const Tensor& stats, const Tensor& /*keep*/, const AttentionDims& d,
+                                    const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
   const bool dropping = drop.p > 0.0f;
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
@@ -190,7 +197,7 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
       if (dropping) {
         // One walk of the mask gives both the dropped probs (for dV) and d(probs).
         float* out = dropped + int64_t(i) * S;
-        ops::detail::for_each_keep(drop, base + uint64_t(i) * S, S, [&](int64_t j, bool keep) {
+        ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * S, S, [&](int64_t j, bool keep) {
           out[j] = keep ? prow[j] * keep_scale : 0.0f;
           g[j] = keep ? g[j] * keep_scale : 0.0f;
         });

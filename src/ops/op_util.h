@@ -85,4 +85,17 @@ inline void for_each_keep(const DropoutSpec& d, uint64_t begin, int64_t n, F&& f
   }
 }
 
+// The same for attention's mask: attention_keep's bits, one Philox block per eight elements.
+template <typename F>
+inline void for_each_attention_keep(const DropoutSpec& d, uint64_t begin, int64_t n, F&& f) {
+  const uint64_t end = begin + uint64_t(n);
+  const uint32_t threshold = attention_keep_threshold(d.p);
+  uint64_t i = begin;
+  while (i < end) {
+    const Philox4 r = philox_block(d.seed, dropout_stream(d), i >> 3);
+    for (uint64_t e = i & 7; e < 8 && i < end; ++e, ++i)
+      f(int64_t(i - begin), attention_half_kept(r.v[e >> 1], uint32_t(e & 1), threshold));
+  }
+}
+
 }  // namespace hone::ops::detail

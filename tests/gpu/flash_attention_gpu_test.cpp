@@ -28,6 +28,7 @@
 #include "hone/cuda.h"
 #include "cuda/sdpa.h"
 #include "hone/error.h"
+#include "hone/ops.h"
 #include "test_util.h"
 
 namespace hone {
@@ -80,6 +81,7 @@ std::vector<float> uniform(int64_t n, uint64_t seed, float lo, float hi) {
 
 struct Outputs {
   std::vector<float> ctx, dqkv;
+  std::vector<int32_t> keep;  // the GPU's saved mask bits, when it drops
 };
 
 // The CPU reference on the rounded inputs.
@@ -94,9 +96,10 @@ Outputs run_cpu(const Case& c, const std::vector<float>& qkv, const std::vector<
   std::copy(qkv.begin(), qkv.end(), q.f());
   std::copy(dctx.begin(), dctx.end(), g.f());
   std::copy(mask.begin(), mask.end(), m.i());
-  cpu.attention_forward(q.t, m.t, d, drop, stats.t, ctx.t, work.t);
-  cpu.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, d, drop, dqkv.t, work.t);
-  return {std::vector<float>(ctx.f(), ctx.f() + T * H), std::vector<float>(dqkv.f(), dqkv.f() + T * 3 * H)};
+  Tensor keep;  // the CPU keeps no mask bits
+  cpu.attention_forward(q.t, m.t, d, drop, stats.t, keep, ctx.t, work.t);
+  cpu.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep, d, drop, dqkv.t, work.t);
+  return {std::vector<float>(ctx.f(), ctx.f() + T * H), std::vector<float>(dqkv.f(), dqkv.f() + T * 3 * H), {}};
 }
 
 // The GPU in dtype t; outputs start unwritten (NaN), so an element never written shows.
@@ -107,13 +110,20 @@ Outputs run_gpu(Backend& gpu, DType t, const Case& c, const std::vector<float>& 
   DeviceTensor q(gpu, t, Shape{T, 3 * H}), m(gpu, DType::I32, Shape{c.batch, c.seq}), g(gpu, t, Shape{T, H}),
       stats(gpu, DType::F32, Shape{c.batch, c.heads, c.seq, 2}), ctx(gpu, t, Shape{T, H}),
       dqkv(gpu, t, Shape{T, 3 * H}), work(gpu, DType::F32, Shape{gpu.attention_workspace_elems(d, t)});
+  const int words = ops::attention_keep_words(gpu, d, t, drop);
+  DeviceTensor keep(gpu, DType::I32, Shape{c.batch, c.heads, c.seq, std::max(words, 1)});
   q.upload(qkv);
   g.upload(dctx);
   m.upload_bytes(mask.data());
-  gpu.attention_forward(q.t, m.t, d, drop, stats.t, ctx.t, work.t);
-  gpu.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, d, drop, dqkv.t, work.t);
+  gpu.attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t);
+  gpu.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
   gpu.synchronize();
-  return {ctx.download(), dqkv.download()};
+  std::vector<int32_t> bits;
+  if (words > 0) {
+    bits.resize(size_t(keep.t.numel()));
+    test::cuda_ok(cudaMemcpy(bits.data(), keep.t.data, keep.t.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  }
+  return {ctx.download(), dqkv.download(), bits};
 }
 
 // Columns [c0, c1) of row-major [rows, cols] outputs.
@@ -163,6 +173,17 @@ void check_case(Backend& gpu, DType t, const Case& c, const DropoutSpec& drop, c
   const Outputs want = run_cpu(c, qkv, dctx, mask, cpu_drop);
   const Outputs got = run_gpu(gpu, t, c, qkv, dctx, mask, gpu_drop);
   if (device_step) gpu.deallocate(device_step);
+  if (drop.p > 0.0f) {  // the saved bits are attention_keep's, keys past S dropped
+    ASSERT_FALSE(got.keep.empty()) << "the flash kernels keep their mask for backward";
+    const int64_t rows = int64_t(c.batch) * c.heads * c.seq, words = int64_t(got.keep.size()) / rows;
+    const uint64_t stream = dropout_stream(cpu_drop);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < 32 * words; ++j) {
+        const bool bit = (uint32_t(got.keep[size_t(r * words + j / 32)]) >> (j % 32)) & 1u;
+        const bool want_bit = j < c.seq && attention_keep(drop.seed, stream, uint64_t(r) * c.seq + uint64_t(j), drop.p);
+        ASSERT_EQ(bit, want_bit) << "row " << r << " key " << j;
+      }
+  }
   const double tol = tolerance(t);
   expect_close("ctx", got.ctx, want.ctx, H, 0, H, tol);
   expect_close("dQ", got.dqkv, want.dqkv, 3 * H, 0, H, tol);
@@ -215,8 +236,8 @@ TEST(AttentionChoice, UnknownValuesAreAnErrorListingTheChoices) {
 }
 
 // Right padding, holes and every key masked, for each head size, an odd length (77: tail
-// tiles and the per-element dropout draws) and a multiple of 4 (128: two key tiles, one
-// Philox block per four keys).
+// tiles and the per-element dropout draws) and a multiple of 8 (128: two key tiles, one
+// Philox block per eight keys).
 TEST_F(FlashAttention, MatchesCpuReference) {
   for (int head_dim : {16, 32, 64, 128})
     for (int S : {77, 128}) {
@@ -253,6 +274,26 @@ TEST_F(FlashAttention, DropoutMasksAreTheCpus) {
     }
 }
 
+// With dropout the forward must be given room for its mask bits; without it, an error
+// that names them, before any kernel runs.
+TEST_F(FlashAttention, DroppingWithoutTheMaskBitsIsAnError) {
+  const AttentionDims d{1, 128, 2, 64, 0.125f};
+  const int64_t T = d.seq, H = d.hidden();
+  DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{1, d.seq}),
+      stats(gpu(), DType::F32, Shape{1, d.heads, d.seq, 2}), ctx(gpu(), DType::BF16, Shape{T, H}),
+      work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)});
+  Tensor none;
+  EXPECT_EQ(ops::attention_keep_words(gpu(), d, DType::BF16, {}), 0);  // nothing to keep without dropout
+  ops::attention_forward(gpu(), q.t, m.t, d, {}, stats.t, none, ctx.t, work.t);
+  try {
+    ops::attention_forward(gpu(), q.t, m.t, d, {0.1f, 1, 2}, stats.t, none, ctx.t, work.t);
+    ADD_FAILURE() << "dropout ran without its mask bits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keep"), std::string::npos) << e.what();
+  }
+  gpu().synchronize();
+}
+
 // BERT-large's attention, B = 32, S = 512, 16 heads of 64, bf16: forward and backward in
 // TFLOP/s (4 B heads S^2 d for forward, 2.5 times that for backward), ours against cuDNN's,
 // and a dense bf16 product for the scale. Printed, never asserted.
@@ -273,16 +314,17 @@ TEST_F(FlashAttention, BertLargeSpeed) {
     DeviceTensor q(be, DType::BF16, Shape{T, 3 * H}), m(be, DType::I32, Shape{d.batch, d.seq}),
         g(be, DType::BF16, Shape{T, H}), stats(be, DType::F32, Shape{d.batch, d.heads, d.seq, 2}),
         ctx(be, DType::BF16, Shape{T, H}), dqkv(be, DType::BF16, Shape{T, 3 * H}),
-        work(be, DType::F32, Shape{be.attention_workspace_elems(d, DType::BF16)});
+        work(be, DType::F32, Shape{be.attention_workspace_elems(d, DType::BF16)}),
+        keep(be, DType::I32, Shape{d.batch, d.heads, d.seq, std::max(be.attention_keep_words(d, DType::BF16), 1)});
     q.upload(uniform(T * 3 * H, 1, -1.0f, 1.0f));
     g.upload(uniform(T * H, 2, -1.0f, 1.0f));
     const std::vector<int32_t> ones(size_t(T), 1);
     m.upload_bytes(ones.data());
     for (float p : {0.0f, 0.1f}) {
       const DropoutSpec drop{p, 42, 1};
-      const double f = time_ms(be, [&] { be.attention_forward(q.t, m.t, d, drop, stats.t, ctx.t, work.t); });
+      const double f = time_ms(be, [&] { be.attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t); });
       const double b = time_ms(be, [&] {
-        be.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, d, drop, dqkv.t, work.t);
+        be.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
       });
       std::printf("  %-6s p=%.1f: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n", name, p, f,
                   fwd_flops / f / 1e9, b, bwd_flops / b / 1e9);

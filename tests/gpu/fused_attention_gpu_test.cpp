@@ -97,7 +97,8 @@ class Attention {
         stats_(be, DType::F32, Shape{p.d.batch, p.d.heads, p.d.seq, 2}),
         ctx_(be, t, Shape{p.tokens(), p.hidden()}),
         dqkv_(be, t, Shape{p.tokens(), 3 * p.hidden()}),
-        work_(be, DType::F32, Shape{be.attention_workspace_elems(p.d, t)}) {
+        work_(be, DType::F32, Shape{be.attention_workspace_elems(p.d, t)}),
+        keep_(be, DType::I32, Shape{p.d.batch, p.d.heads, p.d.seq, std::max(be.attention_keep_words(p.d, t), 1)}) {
     std::vector<int32_t> mask(size_t(p.tokens()));
     for (int b = 0; b < p.d.batch; ++b)
       for (int j = 0; j < p.d.seq; ++j) mask[size_t(b) * p.d.seq + j] = j < p.lengths[size_t(b)];
@@ -116,10 +117,10 @@ class Attention {
   }
   // The backend calls alone, on the inputs already uploaded (for timing).
   void run_forward(const DropoutSpec& drop) {
-    be_.attention_forward(qkv_.t, mask_.t, p_.d, drop, stats_.t, ctx_.t, work_.t);
+    be_.attention_forward(qkv_.t, mask_.t, p_.d, drop, stats_.t, keep_.t, ctx_.t, work_.t);
   }
   void run_backward(const DropoutSpec& drop) {
-    be_.attention_backward(dctx_.t, qkv_.t, ctx_.t, mask_.t, stats_.t, p_.d, drop, dqkv_.t, work_.t);
+    be_.attention_backward(dctx_.t, qkv_.t, ctx_.t, mask_.t, stats_.t, keep_.t, p_.d, drop, dqkv_.t, work_.t);
   }
   std::vector<float> ctx() const { return ctx_.download(); }
   std::vector<float> dqkv() const { return dqkv_.download(); }
@@ -139,7 +140,7 @@ class Attention {
   Backend& be_;
   DType t_;
   Problem p_;
-  DeviceTensor qkv_, mask_, dctx_, stats_, ctx_, dqkv_, work_;
+  DeviceTensor qkv_, mask_, dctx_, stats_, ctx_, dqkv_, work_, keep_;  // keep_: the flash kernels' mask bits (unused by cuDNN)
 };
 
 // Columns [c0, c1) of row-major [rows, cols] matrices: ||got - want|| / ||want||, and the

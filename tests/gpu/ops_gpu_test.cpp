@@ -189,11 +189,12 @@ TEST_F(GpuOps, AttentionMatchesCpuWithPaddingAndDropout) {
       Both stats(g, nans({d.batch, d.heads, d.seq, 2})), ctx(g, nans({T, H})), dqkv(g, nans({T, 3 * H}));
       HostTensor cpu_work(DType::F32, {cpu.attention_workspace_elems(d, DType::F32)});
       DeviceTensor work(g, nans({std::max(g.attention_workspace_elems(d, DType::F32), tf32->attention_workspace_elems(d, DType::F32))}));
+      Tensor keep;  // F32 attention keeps no mask bits: backward draws them again
       auto forward = [&](Backend& be, Side s) {
-        ops::attention_forward(be, qkv[s], mask[s], d, drop, stats[s], ctx[s], s == kCpu ? cpu_work.t : work.t);
+        ops::attention_forward(be, qkv[s], mask[s], d, drop, stats[s], keep, ctx[s], s == kCpu ? cpu_work.t : work.t);
       };
       auto backward = [&](Backend& be, Side s) {
-        ops::attention_backward(be, dctx[s], qkv[s], ctx[s], mask[s], stats[s], d, drop, dqkv[s],
+        ops::attention_backward(be, dctx[s], qkv[s], ctx[s], mask[s], stats[s], keep, d, drop, dqkv[s],
                                 s == kCpu ? cpu_work.t : work.t);
       };
       forward(cpu, kCpu);
