@@ -39,9 +39,15 @@ HONE_HD Philox4 philox_block(uint64_t seed, uint64_t stream, uint64_t block) {
                     uint32_t(seed), uint32_t(seed >> 32));
 }
 
+// Word k (0..3) of a block, chosen without indexing the array (which would put the block in
+// local memory in a GPU kernel).
+HONE_HD uint32_t pick_word(const Philox4& r, uint32_t k) {
+  return k & 2 ? (k & 1 ? r.v[3] : r.v[2]) : (k & 1 ? r.v[1] : r.v[0]);
+}
+
 // The 32-bit word for element i: word i % 4 of block i / 4.
 HONE_HD uint32_t philox_word(uint64_t seed, uint64_t stream, uint64_t i) {
-  return philox_block(seed, stream, i >> 2).v[i & 3];
+  return pick_word(philox_block(seed, stream, i >> 2), uint32_t(i & 3));
 }
 
 // Uniform in [0, 1) with 24 bits.
@@ -69,7 +75,7 @@ HONE_HD bool attention_half_kept(uint32_t word, uint32_t half, uint32_t threshol
 
 HONE_HD bool attention_keep(uint64_t seed, uint64_t stream, uint64_t i, float p) {
   const Philox4 r = philox_block(seed, stream, i >> 3);
-  return attention_half_kept(r.v[(i >> 1) & 3], uint32_t(i & 1), attention_keep_threshold(p));
+  return attention_half_kept(pick_word(r, uint32_t(i >> 1) & 3u), uint32_t(i & 1), attention_keep_threshold(p));
 }
 
 }  // namespace hone

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "hone/backend.h"
+#include "hone/philox.h"
 
 namespace hone::cuda::flash {
 
@@ -31,9 +32,9 @@ struct ForwardArgs {
   int seq, heads;
   float scale_log2;  // scale * log2 e
   DropoutSpec drop;
-  float keep_scale;             // 1 / (1 - p)
-  const uint32_t* keep_bits;    // [B, heads, S, keep_words]: written beforehand when p > 0
-  int keep_words;
+  float keep_scale;      // 1 / (1 - p)
+  uint32_t* keep_bits;   // [B, heads, S, keep_words] when p > 0: drawn beforehand for the
+  int keep_words;        // mma.sync kernel, by the Hopper kernel itself; kept for backward
 };
 
 struct BackwardArgs {
@@ -166,6 +167,24 @@ __device__ __forceinline__ void backward_element(float& s, float& dp, int kind, 
   const float grad = keep ? dp * keep_scale : 0.0f;  // d(P) from d(P')
   s = keep ? p * keep_scale : 0.0f;
   dp = p * (grad - dot);
+}
+
+// Word key0 / 32 of one query row's dropout keep bits: bit k is attention_keep of element
+// base + k (base = the flat index of (row, key0)), 0 for keys at or past S. Four whole
+// Philox blocks when S % 8 == 0. threshold = attention_keep_threshold(p).
+__device__ __forceinline__ uint32_t draw_keep_word(uint64_t seed, uint64_t stream, float p, uint32_t threshold,
+                                                   int S, uint64_t base, int key0) {
+  uint32_t word = 0;
+  if (S % 8 == 0) {
+    for (int blk = 0; blk < 4 && key0 + 8 * blk < S; ++blk) {
+      const Philox4 r = philox_block(seed, stream, (base >> 3) + blk);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) word |= uint32_t(attention_half_kept(r.v[e >> 1], e & 1, threshold)) << (8 * blk + e);
+    }
+  } else {
+    for (int k = 0; k < 32 && key0 + k < S; ++k) word |= uint32_t(attention_keep(seed, stream, base + k, p)) << k;
+  }
+  return word;
 }
 
 // The dropout keep bits of one query row (keep_bits_kernel's, flash_attention.cu): word k
