@@ -175,7 +175,13 @@ __device__ __forceinline__ void backward_element(float& s, float& dp, int kind, 
 __device__ __forceinline__ uint32_t draw_keep_word(uint64_t seed, uint64_t stream, float p, uint32_t threshold,
                                                    int S, uint64_t base, int key0) {
   uint32_t word = 0;
-  if (S % 8 == 0) {
+  if (S % 8 == 0 && key0 + 32 <= S) {  // four independent Philox chains, interleaved by the compiler
+    Philox4 r[4];
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) r[blk] = philox_block(seed, stream, (base >> 3) + blk);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) word |= uint32_t(attention_half_kept(r[e >> 3].v[(e >> 1) & 3], e & 1, threshold)) << e;
+  } else if (S % 8 == 0) {
     for (int blk = 0; blk < 4 && key0 + 8 * blk < S; ++blk) {
       const Philox4 r = philox_block(seed, stream, (base >> 3) + blk);
 #pragma unroll
