@@ -26,10 +26,10 @@ CUtensorMap hopper_bits_map(const uint32_t* bits, int64_t rows, int words, int b
 bool hopper_kernels_present();
 
 // sms: the number of persistent CTAs at most (one per SM).
-// qkv_map: boxes of 128 rows. With dropout the kernel draws a.keep_bits itself (the words
-// of the key blocks it visits: those before the sequence's last attended key).
+// qkv_map and bits_map (read only when a.drop.p > 0): boxes of 128 rows.
 template <typename T>
-void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int batch, int sms, cudaStream_t stream);
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
+                           int sms, cudaStream_t stream);
 // qkv_map, dctx_map and bits_map: boxes of 64 rows. a.dq_accum as for launch_backward.
 template <typename T>
 void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,

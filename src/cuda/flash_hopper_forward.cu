@@ -1,14 +1,13 @@
 // Flash attention forward for Hopper (FlashAttention-3's structure), head size 64: a
 // persistent kernel, one CTA per SM, of two consumer warpgroups and a producer warpgroup
-// (the group gives its registers to the consumers). The producer's first warp streams each
-// tile's Q (128 rows) and its key blocks (K and V, 128 keys) through TMA into a ring of
-// 128-byte-swizzled shared memory stages, with the key block's mask bias beside them, and
-// mbarriers hand stages back and forth; with dropout its other three warps draw each
-// stage's keep bits (Philox on integer units the consumers leave idle) into the stage and
-// into a.keep_bits for the backward. Each consumer warpgroup
+// (one warp of it works; the group gives its registers to the consumers).
+// The producer streams each tile's Q (128 rows) and its key blocks (K and V, 128 keys)
+// through TMA into a ring of 128-byte-swizzled shared memory stages, with the key block's
+// mask bias beside them, and mbarriers hand stages back and forth. Each consumer warpgroup
 // owns 64 query rows: it keeps its Q fragments in registers and per key block issues
 // S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
-// memory), with the online softmax between them in registers. Same arguments and results
+// memory), with the online softmax between them in registers. Dropout reads its keep bits,
+// drawn beforehand (keep_bits_kernel), through the same stages. Same arguments and results
 // as flash_forward.cu (ForwardArgs), so the two are interchangeable.
 #include <algorithm>
 #include <array>
@@ -30,8 +29,6 @@ constexpr int kRows = 64 * kConsumers;              // query rows per tile
 constexpr int kKeys = 128;                          // keys per block
 constexpr int kStages = 3;                          // key blocks in flight
 constexpr int kHopperThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-constexpr int kDrawers = 96;                        // the producer's warps 1-3: keep bits
-static_assert(kDrawers == 128 - 32, "every producer warp but the loader draws");
 constexpr int kTileBytes = kKeys * kD * 2;          // one swizzled [128][64] half tile
 static_assert(kRows == kKeys, "Q and the key blocks share one TMA box");
 
@@ -48,7 +45,8 @@ struct Smem {
 
 template <typename T>
 __global__ void __launch_bounds__(kHopperThreads, 1)
-    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, ForwardArgs a, int batch) {
+    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap bits_map,
+                          ForwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
@@ -56,21 +54,20 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   unsigned char* sK = smem + Smem::kK;
   unsigned char* sV = smem + Smem::kV;
   float* sBias = reinterpret_cast<float*>(smem + Smem::kBias);
-  uint32_t* sBits = reinterpret_cast<uint32_t*>(smem + Smem::kBits);  // [kStages][kRows][4]
+  const uint4* sBits = reinterpret_cast<const uint4*>(smem + Smem::kBits);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBars);
   uint64_t* q_full = bars;          // Q landed (TMA bytes)
   uint64_t* q_empty = bars + 1;     // every consumer warp holds its Q fragments
-  uint64_t* kv_full = bars + 2;     // [kStages]: K, V landed, the bias (and keep bits) written
+  uint64_t* kv_full = bars + 2;     // [kStages]: K, V landed and the bias written
   uint64_t* kv_empty = bars + 2 + kStages;  // [kStages]: every consumer warp is done with the stage
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kConsumerWarps = 4 * kConsumers;
-  const bool dropping = a.drop.p > 0.0f;
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
     mbar_init(q_empty, kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(kv_full + s, 32 + (dropping ? kDrawers : 0));
+      mbar_init(kv_full + s, 32);
       mbar_init(kv_empty + s, kConsumerWarps);
     }
     mbar_init_fence();
@@ -80,37 +77,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const int S = a.seq, H = a.heads * kD;
   const int q_tiles = (S + kRows - 1) / kRows;
   const int tiles = q_tiles * batch * a.heads;
+  const bool dropping = a.drop.p > 0.0f;
 
-  if (warp > kConsumerWarps) {  // the producer's warps 1-3: with dropout, the keep bits of each stage
+  if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<40>();
-    if (!dropping) return;
-    const int drawer = threadIdx.x - 32 * (kConsumerWarps + 1);
-    const uint64_t stream = dropout_stream(a.drop);
-    const uint32_t threshold = attention_keep_threshold(a.drop.p);
-    int kv_iter = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads;
-      const int blocks = (a.key_lengths[b] + kKeys - 1) / kKeys;
-      for (int kb = 0; kb < blocks; ++kb, ++kv_iter) {
-        const int stage = kv_iter % kStages;
-        mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
-        for (int w = drawer; w < kRows * 4; w += kDrawers) {  // row w / 4 of the tile, word 4 kb + w % 4
-          const int q = qt * kRows + w / 4, key0 = (4 * kb + w % 4) * 32;
-          uint32_t bits = 0;
-          if (q < S) {  // a tail tile's rows past S belong to no query (the next head's rows are not ours)
-            const int64_t row = int64_t(bh) * S + q;
-            bits = draw_keep_word(a.drop.seed, stream, a.drop.p, threshold, S, uint64_t(row) * S + key0, key0);
-            a.keep_bits[row * a.keep_words + key0 / 32] = bits;
-          }
-          sBits[stage * kRows * 4 + w] = bits;
-        }
-        mbar_arrive(kv_full + stage);
-      }
-    }
-    return;
-  }
-  if (warp == kConsumerWarps) {  // the producer's first warp: TMA loads
-    registers_decrease<40>();
+    if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
@@ -127,9 +98,12 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
         for (int i = lane; i < kKeys; i += 32) sBias[stage * kKeys + i] = key_bias(mask_row, kb * kKeys + i, S);
         if (lane == 0) {
-          mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes);
+          mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
           tma_load_2d(sK + stage * kTileBytes, &qkv_map, H + h * kD, row0 + kb * kKeys, kv_full + stage);
           tma_load_2d(sV + stage * kTileBytes, &qkv_map, 2 * H + h * kD, row0 + kb * kKeys, kv_full + stage);
+          if (dropping)
+            tma_load_2d(smem + Smem::kBits + stage * kRows * 16, &bits_map, kb * 4, bh * S + qt * kRows,
+                        kv_full + stage);
         } else {
           mbar_arrive(kv_full + stage);
         }
@@ -207,8 +181,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int i = 0; i < 32; ++i) o[i] *= rescale[(i >> 1) & 1];
       fence_registers(o);
       if (dropping) {  // this lane's two rows' 128 keep bits, key 8 nt + 2 t + (e & 1) in word nt / 4
-        const uint4* stage_bits = reinterpret_cast<const uint4*>(sBits) + stage * kRows;
-        const uint4 w0 = stage_bits[row_in_tile + g], w1 = stage_bits[row_in_tile + g + 8];
+        const uint4 w0 = sBits[stage * kRows + row_in_tile + g], w1 = sBits[stage * kRows + row_in_tile + g + 8];
         const uint32_t words[2][4] = {{w0.x, w0.y, w0.z, w0.w}, {w1.x, w1.y, w1.z, w1.w}};
 #pragma unroll
         for (int nt = 0; nt < kKeys / 8; ++nt)
@@ -286,7 +259,8 @@ bool hopper_kernels_present() {
 }
 
 template <typename T>
-void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int batch, int sms, cudaStream_t stream) {
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
+                           int sms, cudaStream_t stream) {
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
     HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(Smem::kBytes)));
@@ -294,11 +268,13 @@ void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, int
   }();
   (void)smem_opted_in;
   const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
-  hopper_forward_kernel<T><<<std::min(tiles, sms), kHopperThreads, Smem::kBytes, stream>>>(qkv_map, a, batch);
+  hopper_forward_kernel<T><<<std::min(tiles, sms), kHopperThreads, Smem::kBytes, stream>>>(qkv_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-template void launch_hopper_forward<__nv_bfloat16>(const ForwardArgs&, const CUtensorMap&, int, int, cudaStream_t);
-template void launch_hopper_forward<__half>(const ForwardArgs&, const CUtensorMap&, int, int, cudaStream_t);
+template void launch_hopper_forward<__nv_bfloat16>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                                    cudaStream_t);
+template void launch_hopper_forward<__half>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
+                                            cudaStream_t);
 
 }  // namespace hone::cuda::flash

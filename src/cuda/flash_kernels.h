@@ -32,9 +32,9 @@ struct ForwardArgs {
   int seq, heads;
   float scale_log2;  // scale * log2 e
   DropoutSpec drop;
-  float keep_scale;      // 1 / (1 - p)
-  uint32_t* keep_bits;   // [B, heads, S, keep_words] when p > 0: drawn beforehand for the
-  int keep_words;        // mma.sync kernel, by the Hopper kernel itself; kept for backward
+  float keep_scale;             // 1 / (1 - p)
+  const uint32_t* keep_bits;    // [B, heads, S, keep_words]: written beforehand when p > 0
+  int keep_words;
 };
 
 struct BackwardArgs {
