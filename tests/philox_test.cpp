@@ -34,14 +34,18 @@ TEST(Philox, BlockLayoutOfSeedStreamAndIndex) {
   for (int w = 0; w < 4; ++w) EXPECT_EQ(philox_word(seed, stream, block * 4 + w), want.v[w]);
 }
 
-TEST(Philox, DropoutKeepsOneMinusPOfAMillion) {
+// keep(seed, stream, i, p) keeps about 1 - p of a million elements.
+void expect_keeps_one_minus_p(bool (*keep)(uint64_t, uint64_t, uint64_t, float)) {
   for (float p : {0.1f, 0.5f, 0.9f}) {
     int64_t kept = 0;
     const int64_t n = 1000000;
-    for (int64_t i = 0; i < n; ++i) kept += dropout_keep(42, 7, uint64_t(i), p);
+    for (int64_t i = 0; i < n; ++i) kept += keep(42, 7, uint64_t(i), p);
     EXPECT_NEAR(double(kept) / n, 1.0 - p, 0.003) << "p = " << p;
   }
 }
+
+TEST(Philox, DropoutKeepsOneMinusPOfAMillion) { expect_keeps_one_minus_p(dropout_keep); }
+TEST(Philox, AttentionKeepsOneMinusPOfAMillion) { expect_keeps_one_minus_p(attention_keep); }
 
 TEST(Philox, DropoutMasksDependOnSeedAndStream) {
   int same_seed = 0, same_stream = 0;
@@ -53,19 +57,28 @@ TEST(Philox, DropoutMasksDependOnSeedAndStream) {
   EXPECT_NEAR(same_stream, 500, 60);
 }
 
-// The ops walk masks one Philox block at a time; that must give dropout_keep's bits
-// from any start, aligned or not.
-TEST(Philox, BlockWalkMatchesDropoutKeep) {
+// The ops walk masks one Philox block at a time; that must give the per-element function's
+// bits from any start, aligned to a block or not.
+template <typename Walk>
+void expect_walk_matches(Walk walk, bool (*keep)(uint64_t, uint64_t, uint64_t, float)) {
   const DropoutSpec d{0.3f, 99, 5};
-  for (uint64_t begin : {0ull, 1ull, 3ull, 4ull, 1001ull}) {
-    for (int64_t n : {0, 1, 3, 4, 5, 17}) {
+  for (uint64_t begin : {0ull, 1ull, 3ull, 4ull, 7ull, 8ull, 1001ull}) {
+    for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 17, 33}) {
       std::vector<int> seen(size_t(n), -1);
-      ops::detail::for_each_keep(d, begin, n, [&](int64_t k, bool keep) { seen[size_t(k)] = keep; });
+      walk(d, begin, n, [&](int64_t k, bool kept) { seen[size_t(k)] = kept; });
       for (int64_t k = 0; k < n; ++k)
-        EXPECT_EQ(seen[size_t(k)], int(dropout_keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
+        EXPECT_EQ(seen[size_t(k)], int(keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
             << "begin " << begin << " k " << k;
     }
   }
+}
+
+TEST(Philox, BlockWalkMatchesDropoutKeep) {
+  expect_walk_matches([](auto&&... a) { ops::detail::for_each_keep(a...); }, dropout_keep);
+}
+
+TEST(Philox, AttentionBlockWalkMatchesAttentionKeep) {
+  expect_walk_matches([](auto&&... a) { ops::detail::for_each_attention_keep(a...); }, attention_keep);
 }
 
 // Attention's mask: 16 bits per element, eight elements per block, the low half first.
@@ -86,28 +99,6 @@ TEST(Philox, AttentionKeepThresholdIsTheCeilingOfP16) {
   EXPECT_EQ(attention_keep_threshold(0.25f), 16384u);  // exact
   EXPECT_EQ(attention_keep_threshold(0.1f), 6554u);  // 6553.6 rounded up
   EXPECT_EQ(attention_keep_threshold(std::nextafter(1.0f, 0.0f)), 65536u);  // keeps nothing
-}
-
-TEST(Philox, AttentionKeepsOneMinusPOfAMillion) {
-  for (float p : {0.1f, 0.5f, 0.9f}) {
-    int64_t kept = 0;
-    const int64_t n = 1000000;
-    for (int64_t i = 0; i < n; ++i) kept += attention_keep(42, 7, uint64_t(i), p);
-    EXPECT_NEAR(double(kept) / n, 1.0 - p, 0.003) << "p = " << p;
-  }
-}
-
-TEST(Philox, AttentionBlockWalkMatchesAttentionKeep) {
-  const DropoutSpec d{0.3f, 99, 5};
-  for (uint64_t begin : {0ull, 1ull, 3ull, 7ull, 8ull, 1001ull}) {
-    for (int64_t n : {0, 1, 7, 8, 9, 17, 33}) {
-      std::vector<int> seen(size_t(n), -1);
-      ops::detail::for_each_attention_keep(d, begin, n, [&](int64_t k, bool keep) { seen[size_t(k)] = keep; });
-      for (int64_t k = 0; k < n; ++k)
-        EXPECT_EQ(seen[size_t(k)], int(attention_keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
-            << "begin " << begin << " k " << k;
-    }
-  }
 }
 
 }  // namespace

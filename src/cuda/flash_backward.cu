@@ -114,17 +114,13 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
       const int qc = nt * 8 + 2 * t;
       const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
       const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
-      bool keep[4] = {true, true, true, true};
-      if (dropping) {  // elements (key_a, q), (key_a, q + 1), (key_b, q), (key_b, q + 1)
+      uint32_t w0 = 0, w1 = 0;
+      if (dropping) {
         const int q = tile * Br + qc;
-        const uint32_t w0 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q) + keep_word) >> keep_bit;
-        const uint32_t w1 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q + 1) + keep_word) >> keep_bit;
-        keep[0] = w0 & 1u, keep[1] = w1 & 1u, keep[2] = (w0 >> 8) & 1u, keep[3] = (w1 >> 8) & 1u;
+        w0 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q) + keep_word) >> keep_bit;
+        w1 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q + 1) + keep_word) >> keep_bit;
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        backward_element(s[nt][e], dp[nt][e], e < 2 ? kind_a : kind_b, a.scale_log2, e & 1 ? st.z : st.x,
-                         e & 1 ? st.w : st.y, e & 1 ? dot.y : dot.x, keep[e], a.keep_scale);
+      backward_tile(s[nt], dp[nt], kind_a, kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g) * LDS + qc) = pack<T>(dp[nt][0], dp[nt][1]);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g + 8) * LDS + qc) = pack<T>(dp[nt][2], dp[nt][3]);
     }

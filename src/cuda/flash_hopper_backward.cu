@@ -210,16 +210,10 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         const int qc = nt * 8 + 2 * t;
         const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
         const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
-        bool keep[4] = {true, true, true, true};
-        if (dropping) {
-          const uint32_t w0 = bits[qc * 4 + bit_word], w1 = bits[(qc + 1) * 4 + bit_word];
-          keep[0] = (w0 >> bit_a) & 1u, keep[1] = (w1 >> bit_a) & 1u;
-          keep[2] = (w0 >> (bit_a + 8)) & 1u, keep[3] = (w1 >> (bit_a + 8)) & 1u;
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          backward_element(s[4 * nt + e], dp[4 * nt + e], e < 2 ? kind_a : kind_b, a.scale_log2,
-                           e & 1 ? st.z : st.x, e & 1 ? st.w : st.y, e & 1 ? dot.y : dot.x, keep[e], a.keep_scale);
+        uint32_t w0 = 0, w1 = 0;
+        if (dropping) w0 = bits[qc * 4 + bit_word] >> bit_a, w1 = bits[(qc + 1) * 4 + bit_word] >> bit_a;
+        backward_tile(*reinterpret_cast<float(*)[4]>(s + 4 * nt), *reinterpret_cast<float(*)[4]>(dp + 4 * nt), kind_a,
+                      kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale);
         const int r = wq * 16 + g;  // dS^T rows are keys, 128-byte swizzled, 2 queries a word
         *reinterpret_cast<uint32_t*>(ds_s + swizzled(r, nt) + 4 * t) = pack<T>(dp[4 * nt], dp[4 * nt + 1]);
         *reinterpret_cast<uint32_t*>(ds_s + swizzled(r + 8, nt) + 4 * t) = pack<T>(dp[4 * nt + 2], dp[4 * nt + 3]);

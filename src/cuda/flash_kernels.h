@@ -169,27 +169,37 @@ __device__ __forceinline__ void backward_element(float& s, float& dp, int kind, 
   dp = p * (grad - dot);
 }
 
+// backward_element over one accumulator tile of the backward: keys a and a + 8 (of kinds
+// kind_a, kind_b) by queries q and q + 1, elements (a, q), (a, q + 1), (a + 8, q),
+// (a + 8, q + 1). st holds the two queries' {max, 1 / sum}, dot their D; with dropout,
+// bit 0 of keep_q0 / keep_q1 is key a's keep bit for query q / q + 1, bit 8 key a + 8's.
+__device__ __forceinline__ void backward_tile(float (&s)[4], float (&dp)[4], int kind_a, int kind_b, float scale_log2,
+                                              float4 st, float2 dot, bool dropping, uint32_t keep_q0,
+                                              uint32_t keep_q1, float keep_scale) {
+  const uint32_t keep[4] = {keep_q0, keep_q1, keep_q0 >> 8, keep_q1 >> 8};
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    backward_element(s[e], dp[e], e < 2 ? kind_a : kind_b, scale_log2, e & 1 ? st.z : st.x, e & 1 ? st.w : st.y,
+                     e & 1 ? dot.y : dot.x, !dropping || (keep[e] & 1u), keep_scale);
+}
+
 // Word key0 / 32 of one query row's dropout keep bits: bit k is attention_keep of element
-// base + k (base = the flat index of (row, key0)), 0 for keys at or past S. Four whole
-// Philox blocks when S % 8 == 0. threshold = attention_keep_threshold(p).
+// base + k (base = the flat index of (row, key0)), 0 for keys at or past S. When S % 8 == 0
+// the word is four whole Philox blocks, drawn as independent chains that the compiler
+// interleaves. threshold = attention_keep_threshold(p).
 __device__ __forceinline__ uint32_t draw_keep_word(uint64_t seed, uint64_t stream, float p, uint32_t threshold,
                                                    int S, uint64_t base, int key0) {
+  const int live = min(S - key0, 32);  // keys of this word inside the sequence
   uint32_t word = 0;
-  if (S % 8 == 0 && key0 + 32 <= S) {  // four independent Philox chains, interleaved by the compiler
+  if (S % 8 == 0) {
     Philox4 r[4];
 #pragma unroll
     for (int blk = 0; blk < 4; ++blk) r[blk] = philox_block(seed, stream, (base >> 3) + blk);
 #pragma unroll
     for (int e = 0; e < 32; ++e) word |= uint32_t(attention_half_kept(r[e >> 3].v[(e >> 1) & 3], e & 1, threshold)) << e;
-  } else if (S % 8 == 0) {
-    for (int blk = 0; blk < 4 && key0 + 8 * blk < S; ++blk) {
-      const Philox4 r = philox_block(seed, stream, (base >> 3) + blk);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) word |= uint32_t(attention_half_kept(r.v[e >> 1], e & 1, threshold)) << (8 * blk + e);
-    }
-  } else {
-    for (int k = 0; k < 32 && key0 + k < S; ++k) word |= uint32_t(attention_keep(seed, stream, base + k, p)) << k;
+    return live == 32 ? word : word & ((1u << live) - 1u);
   }
+  for (int k = 0; k < live; ++k) word |= uint32_t(attention_keep(seed, stream, base + k, p)) << k;
   return word;
 }
 

@@ -169,6 +169,16 @@ BertForSequenceClassification::Pass BertForSequenceClassification::pass(const Ba
                         1.0f / std::sqrt(float(cfg_.head_dim()))}};
 }
 
+namespace {
+
+// Releases t unless it was never taken (an empty tensor: attention keep bits that the
+// backend does not keep).
+void release_if_taken(BufferSource& mem, const Tensor& t) {
+  if (t.data) mem.release(t);
+}
+
+}  // namespace
+
 void BertForSequenceClassification::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
                                               const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
@@ -227,11 +237,9 @@ void BertForSequenceClassification::release_unkept(BufferSource& mem, int l, con
   Saved& s = saved_[l];
   if (!keep_for_backward) {
     mem.release(x);
-    for (const Tensor* t : s.for_backward())
-      if (t->data) mem.release(*t);  // attn_keep may be empty
+    for (const Tensor* t : s.for_backward()) release_if_taken(mem, *t);
   } else if (checkpointing_ == Checkpointing::Full) {  // x stays: the layer's checkpoint
-    for (const Tensor* t : s.for_backward())
-      if (t->data) mem.release(*t);  // attn_keep may be empty
+    for (const Tensor* t : s.for_backward()) release_if_taken(mem, *t);
   } else if (checkpointing_ == Checkpointing::Selective) {
     mem.release(s.ctx);
     mem.release(s.ln1_out);
@@ -417,7 +425,7 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
         mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
     Tensor keep = attention_keep(be, mem, p, l, Category::Workspace, "recomputed_attention_dropout_mask");
     attention(be, mem, p, l, s.qkv, stats, keep, s.ctx);
-    if (keep.data) mem.release(keep);
+    release_if_taken(mem, keep);
     mem.release(stats);
   }
   Tensor d_ctx = scratch(mem, "attention_context_grad", {T, H});
@@ -432,7 +440,7 @@ void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& me
   mem.release(d_ctx);
   mem.release(s.ctx);
   mem.release(s.attn_stats);
-  if (s.attn_keep.data) mem.release(s.attn_keep);
+  release_if_taken(mem, s.attn_keep);
   if (selective && l > 0)
     x = recompute_layernorm(be, mem, saved_[l - 1].ln2_in, layers_[l - 1].ln2, "layer_out", l - 1);
   // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.
