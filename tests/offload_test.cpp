@@ -36,8 +36,11 @@ TrainingArguments args(const std::string& optim, bool offload, int accumulation 
   return a;
 }
 
-// Three updates of accumulation micro-steps each; returns the weights and the optimizer's state.
-std::pair<std::vector<float>, std::vector<std::vector<float>>> train(const TrainingArguments& a) {
+// Three updates of accumulation micro-steps each, or of `windows` micro-steps; returns the
+// weights and the optimizer's state.
+std::pair<std::vector<float>, std::vector<std::vector<float>>> train(const TrainingArguments& a,
+                                                                     std::vector<int> windows = {}) {
+  if (windows.empty()) windows.assign(3, a.gradient_accumulation_steps);
   CpuBackend be;
   const BertConfig c = tiny();
   TrainingRun run(a, c, 16, be, gradient_memory_for(a));
@@ -47,8 +50,8 @@ std::pair<std::vector<float>, std::vector<std::vector<float>>> train(const Train
   SyntheticDataset data(16, 16, 5, false);
   std::vector<int32_t> ids(32), mask(32, 1), types(32);
   std::vector<float> labels(2);
-  for (int update = 1; update <= 3; ++update) {
-    const int ga = a.gradient_accumulation_steps;
+  for (int update = 1; update <= int(windows.size()); ++update) {
+    const int ga = windows[size_t(update - 1)];
     for (int micro = 0; micro < ga; ++micro) {
       for (int b = 0; b < 2; ++b)
         data.example(4 * update + 2 * micro + b, &ids[size_t(16 * b)], &types[size_t(16 * b)], &labels[size_t(b)]);
@@ -71,7 +74,7 @@ std::pair<std::vector<float>, std::vector<std::vector<float>>> train(const Train
 // layer group's leave as backward finishes it (step-scoped, their norm summed on the way).
 TEST(OffloadRun, EqualsTheUpdateOnTheDeviceBitForBit) {
   for (int accumulation : {1, 2})
-  for (const char* optim : {"adamw_torch", "adafactor", "sgd"}) {
+  for (const char* optim : {"adamw_torch", "adafactor", "sgd", "adamw_8bit"}) {
     SCOPED_TRACE(::testing::Message() << optim << ", accumulation " << accumulation);
     const auto on_device = train(args(optim, false, accumulation));
     const auto offloaded = train(args(optim, true, accumulation));
@@ -83,6 +86,17 @@ TEST(OffloadRun, EqualsTheUpdateOnTheDeviceBitForBit) {
     init_weights(tiny(), BertForSequenceClassification(tiny()).layout(), w0.data(), 3);
     EXPECT_NE(on_device.first, w0) << optim;
   }
+}
+
+// Accumulated gradients leave for the host during the window's last micro-step: a window
+// shorter than --gradient_accumulation_steps sends none (the update fetches them), one
+// longer sends them too early (the next micro-step drops what was sent).
+TEST(OffloadRun, WindowsOfOtherLengthsEqualTheDevice) {
+  const std::vector<int> windows = {1, 3, 2, 2};
+  const auto on_device = train(args("adamw_torch", false, 2), windows);
+  const auto offloaded = train(args("adamw_torch", true, 2), windows);
+  EXPECT_EQ(offloaded.first, on_device.first);
+  EXPECT_EQ(offloaded.second, on_device.second);
 }
 
 // A checkpoint of an offloaded run holds the host's optimizer state: resumed offloaded or

@@ -222,6 +222,21 @@ class Backend {
   virtual void stage(const Tensor& host, Tensor& staging) { copy(host, staging); }
   virtual void take_staged(const Tensor& staging, Tensor& dst) { copy(staging, dst); }
 
+  // Transfers beside the compute stream, for an offloaded optimizer (a GPU's copy engines,
+  // one stream each way; the CPU copies before returning). Each starts once the work queued
+  // on the compute stream so far is done, copies between page-locked host memory
+  // (allocate_host) and this backend's, and returns a ticket: wait_transfer() blocks the
+  // host until that transfer has landed; compute_waits_for() makes the compute stream's
+  // later work wait for it. A ticket stays valid for kTransferTickets later transfers.
+  struct Transfer {
+    int64_t id = -1;  // -1: already done
+  };
+  static constexpr int kTransferTickets = 256;
+  virtual Transfer transfer_to_host(const Tensor& src, Tensor& host_dst);
+  virtual Transfer transfer_to_device(const Tensor& host_src, Tensor& dst);
+  virtual void wait_transfer(Transfer) {}
+  virtual void compute_waits_for(Transfer) {}
+
   // Recorded steps (CUDA graphs). Between begin_recording() and end_recording() the ops
   // queued are recorded, not run, and each mark() starts a new segment, so that a replay
   // marks the same spans. replay() runs a recording: its ops read and write the addresses

@@ -37,6 +37,10 @@ struct OptimizerTarget {
   const std::vector<Tensor>& group_grads;  // F32 gradients of each layout group
   Tensor norm_coef;  // F32 [kNormCoefSize], from clip_coefficient
   Tensor scalars;    // F32 [kOptimizerScalarsSize]: what Optimizer::scalars wrote for this update
+  // >= 0: this call updates only that layout group's parameters (an offloaded update runs
+  // group by group, as each group's gradients land); -1: every group.
+  int group = -1;
+  bool updates(int g) const { return group < 0 || group == g; }
 
   // One parameter's slices of the flat buffers (half: empty without mixed precision).
   Tensor param(const ParamEntry& e) const;

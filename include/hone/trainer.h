@@ -210,16 +210,26 @@ class TrainingRun {
   std::vector<Tensor> grad_list_;
 
   // --offload_optimizer: the update runs on host_be_ (this run's backend on the CPU, else a
-  // CPU backend of its own) over page-locked host buffers. The gradients and the clip
-  // coefficient come down after backward; the updated weights go back up: the rounded
-  // copy the update writes under mixed precision (whose master weights, the model's
-  // F32 parameters, then live on the host), else the host's F32 master copy.
+  // CPU backend of its own) over page-locked host buffers. Each group's gradients come
+  // down as backward finishes them (step-scoped ones on the compute stream, which then
+  // reuses their memory; accumulated ones on a transfer stream during the window's last
+  // micro-step), the clip coefficient after backward; the host updates group by group as
+  // their gradients land, and each group's updated weights go up while the host updates
+  // the next: the rounded copy the update writes under mixed precision (whose master
+  // weights, the model's F32 parameters, then live on the host), else the host's F32
+  // master copy. The next forward waits for the last of them.
   bool offload_ = false;
   std::unique_ptr<Backend> own_host_be_;
   Backend* host_be_ = nullptr;
   Tensor host_master_, host_half_, host_grads_, host_sumsq_, host_norm_coef_;
   std::vector<Tensor> host_group_grads_;
-  void offload_update(BufferSource& mem);
+  int micro_in_window_ = 0;    // micro-steps since the last optimizer step
+  bool sending_grads_ = false;  // this micro-step sends accumulated gradients as they are final
+  // Groups whose gradients are on their way to the host, in backward's order, with their
+  // transfers (reserved: no allocation in the step).
+  std::vector<std::pair<int, Backend::Transfer>> sent_grads_;
+  void drop_sent_grads();  // another micro-step adds to gradients already sent
+  Backend::Transfer offload_update(BufferSource& mem);
   void sync_host_master();  // fp32 offload: the host master copy from the device's weights
 };
 

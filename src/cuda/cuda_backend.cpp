@@ -50,9 +50,11 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
     HONE_CUDA_CHECK(cudaMalloc(ptr, host.size() * sizeof(uint16_t)));
     HONE_CUDA_CHECK(cudaMemcpy(*ptr, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
   }
-  HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  for (cudaStream_t* s : {&copy_stream_, &to_host_stream_, &to_device_stream_})
+    HONE_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
   for (cudaEvent_t* e : {&copied_, &read_back_, &staged_, &taken_})
     HONE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  for (cudaEvent_t& e : transfer_events_) HONE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (cudaEvent_t& e : mark_events_) HONE_CUDA_CHECK(cudaEventCreate(&e));
 }
 
@@ -60,19 +62,23 @@ CudaBackend::~CudaBackend() {
   // Destructors must not throw: errors here are ignored (the process is ending the run).
   abort_recording();
   if (stream_) cudaStreamSynchronize(stream_);
-  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  for (cudaStream_t s : {copy_stream_, to_host_stream_, to_device_stream_})
+    if (s) cudaStreamSynchronize(s);
   for (Recording& r : recordings_) destroy(r);
   cuda::destroy_sdpa_cache(sdpa_);
   for (cudaEvent_t e : {copied_, read_back_, staged_, taken_})
     if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : mark_events_)
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : transfer_events_)
+    if (e) cudaEventDestroy(e);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
   if (ones_bf16_) cudaFree(ones_bf16_);
   if (ones_f16_) cudaFree(ones_f16_);
   if (reduce_scratch_) cudaFree(reduce_scratch_);
   if (lt_) cublasLtDestroy(lt_);
-  if (copy_stream_) cudaStreamDestroy(copy_stream_);
+  for (cudaStream_t s : {copy_stream_, to_host_stream_, to_device_stream_})
+    if (s) cudaStreamDestroy(s);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -177,6 +183,46 @@ void CudaBackend::take_staged(const Tensor& staging, Tensor& dst) {
   HONE_CUDA_CHECK(cudaStreamWaitEvent(stream_, staged_, 0));
   HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, staging.data, staging.bytes(), cudaMemcpyDeviceToDevice, stream_));
   HONE_CUDA_CHECK(cudaEventRecord(taken_, stream_));
+}
+
+// The transfer stream waits for the compute stream's work so far (an event on stream_,
+// the ticket's own, recorded again once the copy is queued).
+Backend::Transfer CudaBackend::transfer(cudaStream_t s, const Tensor& src, Tensor& dst) {
+  HONE_CHECK(!recording_, "a transfer while recording a CUDA graph");
+  HONE_CHECK(src.bytes() == dst.bytes(), "transfer: {} bytes into {}", src.bytes(), dst.bytes());
+  const Transfer t{transfers_++};
+  cudaEvent_t e = transfer_event(t);
+  HONE_CUDA_CHECK(cudaEventRecord(e, stream_));
+  HONE_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+  HONE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDefault, s));
+  HONE_CUDA_CHECK(cudaEventRecord(e, s));
+  return t;
+}
+
+Backend::Transfer CudaBackend::transfer_to_host(const Tensor& src, Tensor& host_dst) {
+  HONE_CHECK(host_dst.device == Device::CPU && src.device == Device::CUDA,
+             "transfer_to_host: from the device's memory to the host's only");
+  return transfer(to_host_stream_, src, host_dst);
+}
+
+Backend::Transfer CudaBackend::transfer_to_device(const Tensor& host_src, Tensor& dst) {
+  HONE_CHECK(host_src.device == Device::CPU && dst.device == Device::CUDA,
+             "transfer_to_device: from the host's memory to the device's only");
+  return transfer(to_device_stream_, host_src, dst);
+}
+
+cudaEvent_t CudaBackend::transfer_event(Transfer t) const {
+  HONE_CHECK(t.id < transfers_ && t.id >= transfers_ - kTransferTickets,
+             "transfer ticket {} is stale: {} transfers were queued after it", t.id, transfers_ - 1 - t.id);
+  return transfer_events_[t.id % kTransferTickets];
+}
+
+void CudaBackend::wait_transfer(Transfer t) {
+  if (t.id >= 0) HONE_CUDA_CHECK(cudaEventSynchronize(transfer_event(t)));
+}
+
+void CudaBackend::compute_waits_for(Transfer t) {
+  if (t.id >= 0) HONE_CUDA_CHECK(cudaStreamWaitEvent(stream_, transfer_event(t), 0));
 }
 
 // ThreadLocal: the loader's threads may use CUDA while the training thread records.

@@ -39,6 +39,10 @@ class CudaBackend final : public Backend {
   void wait_for_reads() override;
   void stage(const Tensor& host, Tensor& staging) override;
   void take_staged(const Tensor& staging, Tensor& dst) override;
+  Transfer transfer_to_host(const Tensor& src, Tensor& host_dst) override;
+  Transfer transfer_to_device(const Tensor& host_src, Tensor& dst) override;
+  void wait_transfer(Transfer t) override;
+  void compute_waits_for(Transfer t) override;
   bool can_record() const override { return true; }
   void begin_recording() override;
   int end_recording() override;
@@ -165,6 +169,13 @@ class CudaBackend final : public Backend {
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t staged_ = nullptr;  // on copy_stream_, after each stage()
   cudaEvent_t taken_ = nullptr;   // on stream_, after each take_staged()
+  // Transfers: one stream each way, so that gradients going down and weights going up
+  // share no queue; a ring of events, one per ticket.
+  cudaStream_t to_host_stream_ = nullptr, to_device_stream_ = nullptr;
+  cudaEvent_t transfer_events_[kTransferTickets] = {};
+  int64_t transfers_ = 0;
+  Transfer transfer(cudaStream_t s, const Tensor& src, Tensor& dst);
+  cudaEvent_t transfer_event(Transfer t) const;
 
   // Recordings: each a list of graph segments, split at marks.
   struct Segment {

@@ -70,6 +70,20 @@ void Backend::mark(StepSpan s) {
   span_ = s;
 }
 
+Backend::Transfer Backend::transfer_to_host(const Tensor& src, Tensor& host_dst) {
+  HONE_CHECK(src.bytes() == host_dst.bytes(), "transfer to the host: {} bytes into {}", src.bytes(), host_dst.bytes());
+  copy(src, host_dst);
+  synchronize();
+  return {};
+}
+
+Backend::Transfer Backend::transfer_to_device(const Tensor& host_src, Tensor& dst) {
+  HONE_CHECK(host_src.bytes() == dst.bytes(), "transfer to the device: {} bytes into {}", host_src.bytes(), dst.bytes());
+  synchronize();  // the work queued so far may still read dst
+  copy(host_src, dst);
+  return {};
+}
+
 void Backend::begin_recording() { fail("the {} backend cannot record steps", name()); }
 int Backend::end_recording() { fail("the {} backend cannot record steps", name()); }
 void Backend::replay(int) { fail("the {} backend cannot replay steps", name()); }

@@ -78,8 +78,9 @@ class Adafactor final : public Optimizer {
     Tensor ws = mem.take(Category::Workspace, "adafactor_workspace", -1, DType::F32, {scratch});
     const Tensor scalars = t.scalars.rows(0, kAdafactorScalarsSize);
     for (size_t i = 0; i < tensors_.size(); ++i) {
-      AdafactorTensor a = tensors_[i];
       const ParamEntry& e = *entries_[i];
+      if (!t.updates(e.group)) continue;
+      AdafactorTensor a = tensors_[i];
       a.param = t.param(e);
       a.grad = t.grad(e);
       a.half = t.half_of(e);

@@ -50,6 +50,7 @@ class AdamW final : public Optimizer {
     s.scalars = &scalars;  // the update's own values, staged by the run
     slices_.clear();
     for (const ParamRange& r : ranges_) {
+      if (!t.updates(r.group)) continue;
       const int64_t at = t.layout.groups()[size_t(r.group)].begin;
       const Tensor& g = t.group_grads[size_t(r.group)];
       slices_.push_back({t.params.rows(r.begin, r.end), g.rows(r.begin - at, r.end - at), m_.rows(r.begin, r.end),

@@ -83,8 +83,9 @@ class Bnb8bit final : public Optimizer {
   void update(Backend& be, BufferSource&, const OptimizerTarget& t) override {
     slices_.clear();
     for (size_t i = 0; i < places_.size(); ++i) {
-      const Place& p = places_[i];
       const ParamEntry& e = t.layout.entries()[i];
+      if (!t.updates(e.group)) continue;
+      const Place& p = places_[i];
       const int64_t n = e.shape.numel();
       Optim8bitSlice x{t.param(e), t.grad(e), t.half_of(e), e.decay, {}, {}, {}, {}};
       Tensor* state[2] = {&x.state1, &x.state2};

@@ -57,6 +57,7 @@ class Elementwise final : public Optimizer {
   void update(Backend& be, BufferSource&, const OptimizerTarget& t) override {
     slices_.clear();
     for (const ParamRange& r : ranges_) {
+      if (!t.updates(r.group)) continue;
       const int64_t at = t.layout.groups()[size_t(r.group)].begin;
       slices_.push_back({t.params.rows(r.begin, r.end), t.group_grads[size_t(r.group)].rows(r.begin - at, r.end - at),
                          state_.data ? state_.rows(r.begin, r.end) : Tensor{}, r.decay,

@@ -167,15 +167,20 @@ void TrainingRun::setup(BufferSource& mem) {
     for (const ParamGroup& g : model_->layout().groups())
       host_group_grads_.push_back(host_grads_.rows(g.begin, g.begin + g.size()));
     host_sumsq_ = mem.take(Category::HostWorkspace, "grad_sum_squares", -1, DType::F32, {1});
-    // Step-scoped gradients leave for the host as backward finishes each group, and their
-    // device memory goes back to the activations'.
-    if (scoped_grads_)
-      model_->on_group_grads_done([this](Backend& be, BufferSource& m, int k) {
-        Tensor& g = model_->grad(k);
+    // Gradients leave for the host as backward finishes each group: step-scoped ones on the
+    // compute stream, which then reuses their memory for activations; accumulated ones on
+    // a transfer stream, beside the window's last backward.
+    sent_grads_.reserve(size_t(model_->num_groups()));
+    model_->on_group_grads_done([this](Backend& be, BufferSource& m, int k) {
+      Tensor& g = model_->grad(k);
+      if (scoped_grads_) {
         ops::copy(be, g, host_group_grads_[size_t(k)]);
         m.release(g);
         g = Tensor{};
-      });
+      } else if (sending_grads_) {
+        sent_grads_.push_back({k, be.transfer_to_host(g, host_group_grads_[size_t(k)])});
+      }
+    });
   } else {
     optimizer_->take_state(mem, model_->layout());
   }
@@ -442,9 +447,14 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   if (!be_.dry_run) validate_batch(ids, mask, types, labels, batch, seq);
   last_micro_ = nullptr;
   last_micro_mode_ = StepMode::Eager;
+  drop_sent_grads();
+  // Offloaded accumulation: the window's last micro-step sends the gradients (eagerly:
+  // transfers are not recorded).
+  sending_grads_ = offload_ && !scoped_grads_ && !be_.dry_run && ++micro_in_window_ == args_.gradient_accumulation_steps;
   // Logits for the host are read eagerly; so are shapes past the recordings' cap.
   // An offloaded update after each micro-step runs on the host: no recordings then.
-  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_)) {
+  if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_) &&
+      !sending_grads_) {
     last_micro_ = &micro_graphs_[std::tuple{batch, seq, grad_scale}];
     last_micro_mode_ = next_mode(*last_micro_);
   }
@@ -466,6 +476,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
                              grad_scale, loss_scaling() ? &scaler_ : nullptr, loss, logits_out);
     ops::add_scaled(be_, loss, grad_scale, loss_sum_);
   });
+  sending_grads_ = false;
   if (last_micro_) last_micro_->inputs = b, last_micro_->step = step;
   mem.release(loss);
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &step}) mem.release(*t);
@@ -514,6 +525,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
     be_.take_staged(staged_scalars_, optimizer_scalars_);
   }
   run_as(mode, graphs, &StepGraphs::optimizer, [&] { optimizer_body(mem); });
+  micro_in_window_ = 0;
   // Whether this step was skipped, and the new scale: read back once the next micro-step
   // is queued (skipped_steps), so the GPU never idles waiting on the host.
   if (loss_scaling() && !be_.dry_run) scaler_read_pending_ = true;
@@ -540,8 +552,9 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
     ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
   }
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_, loss_scaling() ? &scaler_ : nullptr);
+  Backend::Transfer weights_up;  // offloaded: the next forward waits for it, not the zeroing below
   if (offload_) {
-    offload_update(mem);
+    weights_up = offload_update(mem);
   } else {
     const OptimizerTarget target{model_->layout(),
                                  model_->weights(),
@@ -560,25 +573,48 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
     model_->release_grads(mem);
   else
     for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+  be_.compute_waits_for(weights_up);
 }
 
-// The offloaded update: gradients and the clip coefficient down, the optimizer's own update
-// on the host backend over the host buffers, the updated weights up.
-void TrainingRun::offload_update(BufferSource& mem) {
+// The offloaded update: the clip coefficient down (and the gradients, unless backward sent
+// them), the optimizer's own update on the host backend over the host buffers, group by
+// group as their gradients land, each group's updated weights up as soon as it is done.
+Backend::Transfer TrainingRun::offload_update(BufferSource& mem) {
   ops::copy(be_, norm_coef_, host_norm_coef_);
-  if (!scoped_grads_)
-    for (int k = 0; k < model_->num_groups(); ++k) ops::copy(be_, model_->grad(k), host_group_grads_[size_t(k)]);
+  const int groups = model_->num_groups();
+  if (int(sent_grads_.size()) != groups) {  // step-scoped, or a window shorter than the accumulation
+    drop_sent_grads();
+    for (int k = 0; k < groups; ++k) {
+      if (!scoped_grads_) ops::copy(be_, model_->grad(k), host_group_grads_[size_t(k)]);
+      sent_grads_.push_back({k, Backend::Transfer{}});
+    }
+  }
   if (!be_.dry_run) be_.wait_for_reads();
   const bool mixed = model_->mixed();
-  const OptimizerTarget target{model_->layout(),
-                               mixed ? model_->weights() : host_master_,
-                               mixed ? host_half_ : Tensor{},
-                               host_group_grads_,
-                               host_norm_coef_,
-                               host_tensor(host_scalars_, DType::F32, {kOptimizerScalarsSize})};
+  const Tensor& updated = mixed ? host_half_ : host_master_;
   HostCategories host(mem);
-  optimizer_->update(*host_be_, host, target);
-  ops::copy(be_, mixed ? host_half_ : host_master_, model_->compute_weights());
+  Backend::Transfer up;
+  for (const auto& [k, grads] : sent_grads_) {
+    const OptimizerTarget target{model_->layout(),
+                                 mixed ? model_->weights() : host_master_,
+                                 mixed ? host_half_ : Tensor{},
+                                 host_group_grads_,
+                                 host_norm_coef_,
+                                 host_tensor(host_scalars_, DType::F32, {kOptimizerScalarsSize}),
+                                 k};
+    if (!be_.dry_run) be_.wait_transfer(grads);
+    optimizer_->update(*host_be_, host, target);
+    const ParamGroup& g = model_->layout().groups()[size_t(k)];
+    Tensor dst = model_->compute_weights().rows(g.begin, g.end);
+    if (!be_.dry_run) up = be_.transfer_to_device(updated.rows(g.begin, g.end), dst);
+  }
+  sent_grads_.clear();
+  return up;
+}
+
+void TrainingRun::drop_sent_grads() {
+  for (const auto& [k, t] : sent_grads_) be_.wait_transfer(t);
+  sent_grads_.clear();
 }
 
 double TrainingRun::take_loss_sum() {
