@@ -228,6 +228,51 @@ TEST(Inference, ShorterPaddingGivesTheSameLogits) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(short_logits[size_t(i)], long_logits[size_t(i)], 1e-5) << i;
 }
 
+// Examples of lengths 3..16 in a scrambled order, label = length parity.
+class RaggedDataset final : public Dataset {
+ public:
+  int64_t size() const override { return 11; }
+  int max_seq_len() const override { return 16; }
+  bool float_labels() const override { return false; }
+  int example(int64_t i, int32_t* ids, int32_t* types, float* label) const override {
+    const int n = 3 + int(i * 7 % 14);
+    for (int t = 0; t < n; ++t) ids[t] = 100 + int(i) * 13 + 5 * t, types[t] = 0;
+    *label = float(n % 2);
+    return n;
+  }
+  std::string description() const override { return "ragged"; }
+};
+
+// Evaluation batches examples by length (longest first, so that batches pad little) and
+// returns each example's logits in the dataset's order: those of the example alone.
+TEST(Inference, BatchesByLengthAndKeepsTheDatasetsOrder) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingArguments a = small_args(4);
+  a.per_device_eval_batch_size = 4;
+  TrainingRun run(a, c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
+  init_weights(c, run.model().layout(), run.host_weights(), 5);
+  const RaggedDataset data;
+  std::vector<float> logits;
+  evaluate(run, data, a, "eval", &logits);
+  ASSERT_EQ(logits.size(), size_t(2 * data.size()));
+  for (int64_t i = 0; i < data.size(); ++i) {
+    std::vector<int32_t> ids(16), types(16);
+    float label = 0;
+    const int n = data.example(i, ids.data(), types.data(), &label);
+    std::vector<int32_t> mask(size_t(n), 1);
+    Batch b;
+    b.rows = 1;
+    b.seq = n;
+    b.ids = ids.data();
+    b.mask = mask.data();
+    b.types = types.data();
+    std::vector<float> alone(2);
+    run.infer(b, ForwardOutputs{alone.data()});
+    for (int k = 0; k < 2; ++k) EXPECT_NEAR(logits[size_t(2 * i + k)], alone[size_t(k)], 1e-5) << "example " << i;
+  }
+}
+
 TEST(Inference, PlannedWithTheRunAndWithinItsMemory) {
   CpuBackend be;
   const BertConfig c = small_config();

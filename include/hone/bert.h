@@ -103,10 +103,11 @@ class BertForSequenceClassification {
   // half-precision compute dtype the parameters are the master weights and forward and
   // backward read a copy in that dtype (Category::Weights), which the optimizer rewrites.
   // master: where those master weights live (Category::HostMasterWeights when the
-  // optimizer is offloaded to the host).
+  // optimizer is offloaded to the host). Without keep_master (a run that only infers), a
+  // mixed-precision model keeps its weights in the compute dtype alone.
   void bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute = DType::F32,
-                       Category master = Category::MasterWeights);
-  Tensor& weights() { return weights_; }  // the F32 parameters
+                       Category master = Category::MasterWeights, bool keep_master = true);
+  Tensor& weights() { return weights_; }  // the F32 parameters (empty: none kept)
   // What forward and backward read: the parameters, or their half-precision copy.
   const Tensor& compute_weights() const { return mixed() ? half_weights_ : weights_; }
   Tensor& compute_weights() { return mixed() ? half_weights_ : weights_; }

@@ -102,10 +102,10 @@ BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c
 }
 
 void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute,
-                                                   Category master) {
+                                                   Category master, bool keep_master) {
   compute_ = compute;
   if (mixed()) {
-    weights_ = mem.take(master, "parameters", -1, DType::F32, {layout_.count()});
+    if (keep_master) weights_ = mem.take(master, "parameters", -1, DType::F32, {layout_.count()});
     half_weights_ = mem.take(Category::Weights, compute == DType::BF16 ? "parameters_bf16" : "parameters_fp16", -1,
                              compute, {layout_.count()});
   } else {

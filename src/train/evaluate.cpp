@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <numeric>
 
 #include "hone/metrics.h"
 #include "hone/trainer.h"
@@ -14,11 +16,17 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
   const bool regression = run.model().regression();
   const int64_t n = data.size();
   if (n == 0) fail("{}: no examples to evaluate", data.description());
+  // Batches of examples of similar length, longest first, so that each pads little to its
+  // longest (and the largest batch runs first); results go back to the dataset's order.
+  std::vector<int> lengths(static_cast<size_t>(n));
+#pragma omp parallel for schedule(dynamic, 64)
+  for (int64_t i = 0; i < n; ++i) lengths[size_t(i)] = data.length(i);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return lengths[size_t(x)] > lengths[size_t(y)]; });
   std::vector<std::vector<int64_t>> batches;
-  for (int64_t lo = 0; lo < n; lo += EB) {
-    std::vector<int64_t>& b = batches.emplace_back();
-    for (int64_t i = lo; i < std::min(n, lo + EB); ++i) b.push_back(i);
-  }
+  for (int64_t lo = 0; lo < n; lo += EB) batches.emplace_back(order.begin() + lo, order.begin() + std::min(n, lo + EB));
   const int64_t steps = int64_t(batches.size());
   LoaderOptions lo{a.dataloader_num_workers, a.dataloader_pin_memory, 8, EB};
   BatchLoader loader(data, std::move(batches), lo, run.backend());
@@ -26,10 +34,10 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
   std::vector<float> all(size_t(n) * C), batch_logits(size_t(EB) * C);
   std::vector<float> labels(static_cast<size_t>(n));
   double loss_sum = 0;  // summed per example: Trainer's eval_loss is the mean over examples
-  int64_t done = 0;
   while (const Batch* b = loader.next()) {
     run.infer(*b, ForwardOutputs{batch_logits.data()});
     for (int r = 0; r < b->rows; ++r) {
+      const size_t at = size_t(b->indices[size_t(r)]);
       const float* z = &batch_logits[size_t(r) * C];
       const float y = b->labels[r];
       if (regression) {
@@ -40,9 +48,8 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
         for (int c = 0; c < C; ++c) sum += std::exp(double(z[c]) - mx);
         loss_sum += mx + std::log(sum) - double(z[int(y)]);
       }
-      std::copy(z, z + C, &all[size_t(done) * C]);
-      labels[size_t(done)] = y;
-      ++done;
+      std::copy(z, z + C, &all[at * C]);
+      labels[at] = y;
     }
   }
   const double runtime = std::chrono::duration<double>(clock::now() - start).count();

@@ -150,8 +150,9 @@ MemoryPlan TrainingRun::record_plan() {
 
 void TrainingRun::setup(BufferSource& mem) {
   // Without training, no gradient buffer is ever taken (as with step-scoped ones).
+  // A run that only infers keeps no master weights: its half-precision copy is the model.
   model_->bind_parameters(mem, scoped_grads_ || !phases_.train, compute_dtype(args_),
-                          offload_ ? Category::HostMasterWeights : Category::MasterWeights);
+                          offload_ ? Category::HostMasterWeights : Category::MasterWeights, phases_.train);
   if (!phases_.train) return;
   if (offload_) {
     HostCategories host(mem);
@@ -243,6 +244,15 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
 }
 
 void TrainingRun::write_weights(const float* host) {
+  if (!model_->weights().data) {  // inference only, in half precision: rounded here, as cast rounds
+    const Tensor& dst = model_->compute_weights();
+    std::vector<uint16_t> rounded(size_t(dst.numel()));
+    const bool bf16 = dst.dtype == DType::BF16;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < dst.numel(); ++i) rounded[size_t(i)] = bf16 ? float_to_bf16(host[i]) : float_to_f16(host[i]);
+    copy_from_host(rounded.data(), dst);
+    return;
+  }
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
   if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
   sync_host_master();
@@ -254,6 +264,7 @@ void TrainingRun::sync_host_master() {
 }
 
 void TrainingRun::init_weights(uint64_t seed) {
+  HONE_CHECK(model_->weights().data, "a run planned for inference in half precision keeps no F32 weights");
   const ParamLayout& layout = model_->layout();
   for (size_t i = 0; i < layout.entries().size(); ++i) {
     const ParamEntry& e = layout.entries()[i];
@@ -277,6 +288,7 @@ void TrainingRun::init_weights(uint64_t seed) {
 }
 
 void TrainingRun::save_model(const std::string& dir, int64_t chunk_floats) {
+  HONE_CHECK(model_->weights().data, "a run planned for inference in half precision keeps no F32 weights");
   HONE_CHECK(chunk_floats > 0, "save_model with chunks of {} floats", chunk_floats);
   const ParamLayout& layout = model_->layout();
   std::vector<std::pair<int64_t, int64_t>> pieces;  // (first parameter, count), in file order
@@ -311,6 +323,7 @@ void TrainingRun::save_model(const std::string& dir, int64_t chunk_floats) {
 }
 
 void TrainingRun::read_weights(float* host) {
+  HONE_CHECK(model_->weights().data, "a run planned for inference in half precision keeps no F32 weights");
   Tensor dst = host_tensor(host, DType::F32, model_->weights().shape);
   ops::copy(be_, model_->weights(), dst);
   be_.synchronize();

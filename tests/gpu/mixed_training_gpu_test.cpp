@@ -287,5 +287,40 @@ TEST(MixedPrecision, PlanSeparatesMasterWeightsAndIsAllocatedExactly) {
     EXPECT_EQ(run.memory().arena_bytes(Category(k)), plan.category_bytes[size_t(k)]) << category_name(Category(k));
 }
 
+// A run planned only for inference keeps its weights in the compute dtype alone, rounded
+// from the F32 weights on the host as the training run's cast rounds them: the same
+// logits, bit for bit, without the master copy.
+TEST(MixedPrecision, InferenceOnlyKeepsHalfWeightsAndTheSameLogits) {
+  SKIP_WITHOUT_MIXED_PRECISION();
+  auto be = make_cuda_backend({});
+  const BertConfig c = small_bert();
+  std::vector<float> w0(size_t(ParamLayout(c).count()));
+  init_weights(c, ParamLayout(c), w0.data(), 13);
+  std::mt19937 g(3);
+  const TaskBatch tb = random_batch(g, 4, 64, c.vocab_size);
+  Batch b;
+  b.rows = 4;
+  b.seq = 64;
+  b.ids = const_cast<int32_t*>(tb.ids.data());
+  b.mask = const_cast<int32_t*>(tb.mask.data());
+  b.types = const_cast<int32_t*>(tb.types.data());
+  for (DType t : {DType::BF16, DType::F16}) {
+    TrainingArguments a;
+    a.per_device_train_batch_size = 4;
+    a = with_precision(a, t);
+    std::vector<float> trained(8), inferred(8);
+    TrainingRun train(a, c, 64, *be, GradientMemory::StepScoped, RunPhases{true, 4});
+    train.write_weights(w0.data());
+    train.infer(b, ForwardOutputs{trained.data()});
+    TrainingRun infer(a, c, 64, *be, GradientMemory::Persistent, RunPhases{false, 4});
+    EXPECT_EQ(infer.memory().arena_bytes(Category::MasterWeights), 0u) << name_of(t);
+    EXPECT_LT(infer.memory().arena_bytes(Category::Weights), 2 * w0.size() + kBufferAlignment) << name_of(t);
+    infer.write_weights(w0.data());
+    infer.infer(b, ForwardOutputs{inferred.data()});
+    EXPECT_EQ(inferred, trained) << name_of(t);
+    EXPECT_THROW(infer.read_weights(w0.data()), Error) << name_of(t);
+  }
+}
+
 }  // namespace
 }  // namespace hone

@@ -1,0 +1,109 @@
+// bert-large inference as shared/anchors/hf_infer_bench.py measures Hugging Face's: the same
+// shapes (64 x 128, 64 x 512, 64 x 512 with lengths uniform in [16, 512] padded to 512,
+// 1 x 128) and protocol (3 forward passes, then the median of 10, each ending with the
+// logits on the host), random weights. hone runs an inference-only plan (weights in the
+// compute dtype alone). Prints one JSON line per configuration: samples/s, the plan's
+// device bytes and the process's GPU memory (NVML).
+// Usage: infer_bench [bf16|fp16|tf32 ...]   (default: bf16)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hone/cuda.h"
+#include "hone/gpu_info.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+
+namespace hone {
+namespace {
+
+struct Shape2 {
+  int batch, seq;
+  bool varlen;
+};
+
+void bench(const std::string& precision, const BertConfig& c, const std::vector<float>& weights, Shape2 s,
+           std::mt19937& g) {
+  TrainingArguments a;
+  a.bf16 = precision == "bf16";
+  a.fp16 = precision == "fp16";
+  a.tf32 = precision == "tf32";
+  a.per_device_eval_batch_size = s.batch;
+  auto be = make_cuda_backend({0, a.tf32});
+  TrainingRun run(a, c, s.seq, *be, GradientMemory::Persistent, RunPhases{false, s.batch});
+  run.write_weights(weights.data());
+
+  const size_t tokens = size_t(s.batch) * size_t(s.seq);
+  std::vector<int32_t> ids(tokens), mask(tokens, 1), types(tokens, 0);
+  std::uniform_int_distribution<int32_t> id(100, 29999), len(16, s.seq);
+  for (int32_t& x : ids) x = id(g);
+  int64_t real = int64_t(tokens);
+  if (s.varlen) {
+    real = 0;
+    for (int b = 0; b < s.batch; ++b) {
+      const int n = len(g);
+      real += n;
+      for (int t = n; t < s.seq; ++t) mask[size_t(b * s.seq + t)] = 0;
+    }
+  }
+  Batch batch;
+  batch.rows = s.batch;
+  batch.seq = s.seq;
+  batch.ids = ids.data();
+  batch.mask = mask.data();
+  batch.types = types.data();
+  std::vector<float> logits(size_t(s.batch) * size_t(c.num_labels));
+  for (int i = 0; i < 3; ++i) run.infer(batch, ForwardOutputs{logits.data()});
+  std::vector<double> times;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run.infer(batch, ForwardOutputs{logits.data()});
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const auto mem = gpu_memory(0);
+  fmt::print(R"({{"tool": "hone", "dtype": "{}", "bs": {}, "seq": {}, "varlen": {}, "real_tokens": {}, )"
+             R"("samples_per_s": {:.1f}, "ms_per_batch": {:.3f}, "plan_mb": {}, "process_mb": {}}})"
+             "\n",
+             precision, s.batch, s.seq, s.varlen, real, s.batch / median, median * 1e3,
+             run.memory().plan().total_bytes() >> 20, mem && mem->process_known ? int64_t(mem->process_used >> 20) : -1);
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace hone
+
+int main(int argc, char** argv) {
+  using namespace hone;
+  try {
+    std::string why;
+    if (!cuda_available(&why)) {
+      fmt::print(stderr, "infer_bench: no GPU: {}\n", why);
+      return 1;
+    }
+    std::vector<std::string> precisions(argv + 1, argv + argc);
+    if (precisions.empty()) precisions = {"bf16"};
+    const BertConfig c = *builtin_config("bert-large-uncased");
+    const ParamLayout layout(c);
+    std::vector<float> weights(size_t(layout.count()));
+    init_weights(c, layout, weights.data(), 42);
+    std::mt19937 g(0);
+    for (const std::string& p : precisions) {
+      if (p != "bf16" && p != "fp16" && p != "tf32") {
+        fmt::print(stderr, "infer_bench: unknown precision '{}' (bf16, fp16 or tf32)\n", p);
+        return 2;
+      }
+      for (const Shape2 s : {Shape2{64, 128, false}, Shape2{64, 512, false}, Shape2{64, 512, true}, Shape2{1, 128, false}})
+        bench(p, c, weights, s, g);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "infer_bench: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
