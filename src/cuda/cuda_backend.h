@@ -9,8 +9,10 @@
 
 #include <array>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "hone/backend.h"
@@ -162,6 +164,11 @@ class CudaBackend final : public Backend {
   bool tf32_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  // Host buffers of kRegisteredHostBytes or more: allocated, touched and registered with
+  // cudaHostRegister (allocate_host says why), freed by deallocate_host accordingly.
+  static constexpr size_t kRegisteredHostBytes = size_t(64) << 20;
+  std::mutex registered_mutex_;
+  std::unordered_set<void*> registered_;
   cudaEvent_t copied_ = nullptr;     // recorded after each copy from the host
   cudaEvent_t read_back_ = nullptr;  // recorded after each copy to the host
   // Staged inputs: copies from the host on their own stream, ordered against the compute

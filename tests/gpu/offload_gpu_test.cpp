@@ -10,6 +10,7 @@
 #include "gpu/small_bert.h"
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
+#include "hone/ops.h"
 #include "hone/trainer.h"
 #include "hone/weights.h"
 #include "test_util.h"
@@ -106,6 +107,33 @@ TEST(OffloadGpu, DeviceHoldsNoMasterWeightsOrOptimizerState) {
                                                   run.memory().arena_bytes(Category::HostGradients) +
                                                   run.memory().arena_bytes(Category::HostOptimizerState) +
                                                   run.memory().arena_bytes(Category::HostWorkspace));
+}
+
+// The transfers an offloaded step makes, over host buffers small (cudaHostAlloc) and large
+// (allocated, touched and registered): down after the compute stream's work, up, and the
+// compute stream waiting for what went up.
+TEST(OffloadGpu, TransfersRoundTripThroughSmallAndLargeHostBuffers) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  auto be = make_cuda_backend({});
+  for (size_t bytes : {size_t(4) << 10, size_t(80) << 20}) {
+    const int64_t n = int64_t(bytes / sizeof(float));
+    float* a = static_cast<float*>(be->allocate_host(bytes));
+    float* b = static_cast<float*>(be->allocate_host(bytes));
+    for (int64_t i = 0; i < n; ++i) a[i] = float(i % 1000003) * 0.5f;
+    Tensor ha{a, DType::F32, {n}, Device::CPU}, hb{b, DType::F32, {n}, Device::CPU};
+    Tensor d{be->allocate(bytes), DType::F32, {n}, Device::CUDA}, e{be->allocate(bytes), DType::F32, {n}, Device::CUDA};
+    be->compute_waits_for(be->transfer_to_device(ha, d));
+    ops::copy(*be, d, e);  // on the compute stream, after the upload
+    be->wait_transfer(be->transfer_to_host(e, hb));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += b[i] != a[i];
+    EXPECT_EQ(wrong, 0) << bytes << " bytes";
+    be->deallocate(d.data);
+    be->deallocate(e.data);
+    be->deallocate_host(a);
+    be->deallocate_host(b);
+  }
 }
 
 }  // namespace
