@@ -20,6 +20,7 @@
 #include "hone/backend.h"
 #include "hone/bert.h"
 #include "hone/data.h"
+#include "hone/distributed.h"
 #include "hone/memory.h"
 #include "hone/optimizer.h"
 
@@ -42,7 +43,8 @@ struct StepCounts {
   int64_t epochs = 0;             // epochs the loop enters
   int64_t num_train_samples = 0;  // for train_samples_per_second
 };
-StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size);
+// With several ranks each micro-step takes world_size micro-batches, one a rank.
+StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size, int world_size = 1);
 
 // Where parameter gradients live. Persistent: one buffer for the whole run, needed when
 // gradients accumulate over micro-steps. StepScoped (one micro-step per update): each
@@ -80,6 +82,16 @@ class TrainingRun {
   // The plan alone, allocating nothing: what `hone estimate` prints.
   static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
                          GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
+
+  // Data parallel: from now on each update's gradients are summed over comm's ranks as
+  // backward finishes each layer's (the caller scales each rank's micro-steps by one over
+  // the world size), and so are the losses read. comm outlives the run.
+  void distribute(Communicator& comm);
+  Communicator& communicator() { return *comm_; }
+  // Every rank's weights (and half copies) become root's.
+  void broadcast_weights(int root = 0);
+  // Whether any rank says yes (a collective: every rank asks at the same update).
+  bool any_rank(bool mine);
 
   BertForSequenceClassification& model() { return *model_; }
   Backend& backend() { return be_; }
@@ -191,6 +203,14 @@ class TrainingRun {
   std::unique_ptr<PlannedMemory> mem_;
   std::unique_ptr<Optimizer> optimizer_;
   Tensor loss_sum_, sumsq_, norm_coef_;
+  // Data parallel: the ranks' communicator (a single process's unless distribute() said
+  // otherwise); whether this micro-step sums each group's gradients as backward finishes
+  // it, and whether this update's gradients have been summed.
+  std::unique_ptr<Communicator> own_comm_;
+  Communicator* comm_ = nullptr;
+  bool reducing_grads_ = false, grads_reduced_ = false;
+  Tensor vote_;  // any_rank's flag
+  void reduce_grads();  // those not summed in backward, then the compute stream waits for all
   // fp16 loss scaling: the device state, and a page-locked host copy of
   // {norm_coef[2] (skipped), scale, clean steps} read back one step late.
   Tensor scaler_;

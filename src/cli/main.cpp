@@ -1,4 +1,4 @@
-// The hone executable: `hone train`, `predict`, `estimate`, `env` and `tokenize`.
+// The hone executable: `hone train`, `launch`, `predict`, `estimate`, `env` and `tokenize`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/env.h"
+#include "cli/launch.h"
 #include "cli/tokenize.h"
 #include "hone/error.h"
 #include "train/arguments_cli.h"
@@ -29,6 +30,14 @@ int main(int argc, char** argv) {
   est->add_option("--memory_budget", memory_budget,
                   "list the configurations that fit this much memory, fastest first: a size such as 16GB or 24GiB "
                   "(the card's; the CUDA context measured here is taken off it), or 'gpu' for this GPU's free memory");
+  CLI::App* launch = app.add_subcommand(
+      "launch", "run `hone train ...` as several processes, one per GPU (as torchrun; mpiexec on the CPU)");
+  cli::LaunchOptions launch_options;
+  launch->add_option("--nproc_per_node", launch_options.nproc_per_node, "processes (GPUs) on this machine")
+      ->check(CLI::PositiveNumber);
+  launch->add_option("--master_addr", launch_options.master_addr, "where rank 0 listens for the other ranks");
+  launch->add_option("--master_port", launch_options.master_port, "its port (default: a free one)");
+  launch->prefix_command();  // the rest is the hone command the ranks run
   CLI::App* env = app.add_subcommand("env", "print the GPUs, driver, CUDA versions and supported features");
   std::string tokenizer_dir;
   int tokenize_max_length = 0;
@@ -52,6 +61,7 @@ int main(int argc, char** argv) {
       return cli::predict_command(predict_args);
     }
     if (env->parsed()) return cli::env_command();
+    if (launch->parsed()) return cli::launch_command(launch_options, launch->remaining());
     if (tok->parsed()) return cli::tokenize_command(tokenizer_dir, tokenize_max_length);
     validate(estimate_args);
     apply_deepspeed(estimate_args);

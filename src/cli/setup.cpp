@@ -12,13 +12,13 @@
 
 namespace hone::cli {
 
-std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only) {
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only, int device) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   std::string why;
   if (a.device == "cuda" || (a.device == "auto" && cuda_available(&why))) {
     if ((a.bf16 || a.fp16) && !plan_only && !mixed_precision_available(&why))
       fail("--{}: {}", a.bf16 ? "bf16" : "fp16", why);
-    return make_cuda_backend({0, a.tf32});
+    return make_cuda_backend({device, a.tf32});
   }
   if (a.tf32) fmt::print("notice: --tf32 affects CUDA matrix products only; the CPU backend computes in fp32\n");
   if ((a.bf16 || a.fp16) && !plan_only)

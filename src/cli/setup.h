@@ -14,7 +14,8 @@ namespace hone::cli {
 
 // --device auto takes the GPU when there is one. --bf16 / --fp16 need one, unless the
 // backend only plans (hone estimate).
-std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only = false);
+// device: the GPU's index (a rank's local rank).
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only = false, int device = 0);
 
 // "fp32", "tf32", "bf16" or "fp16": what the matrix products run in (peak_flops' names).
 std::string precision_name(const TrainingArguments& a);

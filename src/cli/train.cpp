@@ -34,9 +34,9 @@ namespace fs = std::filesystem;
 constexpr double kMiB = 1 << 20;
 
 // What the seed notebook's print_gpu_utilization prints (device-wide, NVML).
-std::optional<GpuMemory> print_gpu_memory(const Backend& be, const char* when) {
+std::optional<GpuMemory> print_gpu_memory(const Backend& be, int gpu, const char* when) {
   if (be.device() != Device::CUDA) return std::nullopt;
-  std::optional<GpuMemory> m = gpu_memory(0);
+  std::optional<GpuMemory> m = gpu_memory(gpu);
   if (m) fmt::print("GPU memory occupied: {} MB. ({})\n", m->used >> 20, when);
   std::fflush(stdout);
   return m;
@@ -92,8 +92,8 @@ std::string shown(const nlohmann::ordered_json& e) {
 // On a GPU, the batch the run trains with: under --auto_find_batch_size the largest up to
 // the requested one whose plan fits the free memory; otherwise the requested one, with a
 // clear error before anything is allocated when its plan cannot fit.
-int fitted_batch(const TrainingArguments& a, const BertConfig& cfg, int seq, Backend& be, RunPhases phases) {
-  const std::optional<GpuMemory> m = be.device() == Device::CUDA ? gpu_memory(0) : std::nullopt;
+int fitted_batch(const TrainingArguments& a, const BertConfig& cfg, int seq, Backend& be, RunPhases phases, int gpu) {
+  const std::optional<GpuMemory> m = be.device() == Device::CUDA ? gpu_memory(gpu) : std::nullopt;
   if (!m) {
     if (a.auto_find_batch_size)
       fmt::print("notice: --auto_find_batch_size sizes the batch for GPU memory; on the {} backend the requested "
@@ -126,21 +126,30 @@ int fitted_batch(const TrainingArguments& a, const BertConfig& cfg, int seq, Bac
 int train_command(const TrainingArguments& requested) {
   Timeline timeline;
   TrainingArguments a = requested;  // the batch may change to fit
+  // Several processes (hone launch, torchrun, mpirun, srun): one GPU each, its local rank's.
+  // Rank 0 prints and writes the output directory; the others print only errors.
+  const ProcessGroup pg = process_group_from_env();
+  const bool main_process = pg.rank == 0;
+  if (!main_process && !std::freopen("/dev/null", "w", stdout)) fail("rank {}: cannot quiet stdout", pg.rank);
+  const int gpu = pg.local_rank;
   const bool want_gpu = a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
-  std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(0) : std::nullopt;
+  std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(gpu) : std::nullopt;
   if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
   RunInputs in = prepare_inputs(a, true, evaluates, false);
   timeline.mark("inputs");
   const BertConfig& cfg = in.model.config;
-  std::unique_ptr<Backend> backend = make_backend(a);
+  std::unique_ptr<Backend> backend = make_backend(a, false, gpu);
   Backend& be = *backend;
   timeline.mark(be.device() == Device::CUDA ? "cuda_context" : "backend");
-  std::optional<GpuMemory> after_context = print_gpu_memory(be, "after the CUDA context and libraries");
+  const std::unique_ptr<Communicator> comm = make_communicator(be, pg);
+  if (pg.distributed()) timeline.mark("communicator");
+  std::optional<GpuMemory> after_context = print_gpu_memory(be, gpu, "after the CUDA context and libraries");
 
   const RunPhases phases{true, in.eval ? a.per_device_eval_batch_size : 0};
-  a.per_device_train_batch_size = fitted_batch(a, cfg, in.seq_len, be, phases);
+  a.per_device_train_batch_size = fitted_batch(a, cfg, in.seq_len, be, phases, gpu);
   TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a), phases);
+  run.distribute(*comm);
   timeline.mark("memory_plan");
   const ParamLayout& layout = run.model().layout();
   fmt::print("hone train: {}\n  {}\n", in.model.name, describe(cfg, layout.count()));
@@ -170,8 +179,9 @@ int train_command(const TrainingArguments& requested) {
     run.write_weights(host.get());
     timeline.mark("weights_upload");
   }
-  std::optional<GpuMemory> after_setup = print_gpu_memory(be, "after the model and every planned buffer");
-  const StepCounts sc = count_steps(a, in.train->size());
+  run.broadcast_weights();  // as DDP starts: every rank from rank 0's weights
+  std::optional<GpuMemory> after_setup = print_gpu_memory(be, gpu, "after the model and every planned buffer");
+  const StepCounts sc = count_steps(a, in.train->size(), pg.world_size);
   const std::string where = be.device() == Device::CUDA
                                 ? fmt::format("{}, {}{}", be.name(), precision_name(a),
                                               a.bf16 || a.fp16 ? " mixed precision (fp32 master weights)" : "")
@@ -179,8 +189,12 @@ int train_command(const TrainingArguments& requested) {
   fmt::print("  data: {}\n", in.train->description());
   if (in.eval) fmt::print("  evaluation: {}\n", in.eval->description());
   if (!in.labels.regression && in.tokenizer) fmt::print("  labels: {}\n", fmt::join(in.labels.names, ", "));
-  fmt::print("  device: {}; batch {} x {} accumulation, {} updates over {} epoch(s)\n", where,
-             a.per_device_train_batch_size, a.gradient_accumulation_steps, sc.total_updates, sc.epochs);
+  fmt::print("  device: {}; batch {} x {} accumulation{}, {} updates over {} epoch(s)\n", where,
+             a.per_device_train_batch_size, a.gradient_accumulation_steps,
+             pg.distributed() ? fmt::format(" x {} ranks (data parallel, {}, started by {})", pg.world_size,
+                                            comm->name(), pg.launcher)
+                              : "",
+             sc.total_updates, sc.epochs);
   if (const auto& ds = a.deepspeed_config) {
     fmt::print("  DeepSpeed {}: ZeRO stage {}{}{}{}\n", ds->path, ds->zero_stage,
                ds->optimizer_type.empty() ? "" : ", its AdamW over all parameters in one group",
@@ -201,7 +215,7 @@ int train_command(const TrainingArguments& requested) {
   const std::string log_path = (fs::path(a.output_dir) / "trainer_log.jsonl").string();
   // A resumed run continues the log of the run it resumes; a new run keeps an earlier run's
   // log under a numbered name, unless told to overwrite it.
-  if (a.resume_from_checkpoint.empty() && fs::file_size(log_path, ec) > 0 && !ec) {
+  if (main_process && a.resume_from_checkpoint.empty() && fs::file_size(log_path, ec) > 0 && !ec) {
     if (a.overwrite_output_dir) {
       fmt::print("notice: replacing the earlier run's {} (--overwrite_output_dir)\n", log_path);
     } else {
@@ -214,11 +228,12 @@ int train_command(const TrainingArguments& requested) {
     }
   }
   ec.clear();
-  std::FILE* log = std::fopen(log_path.c_str(), a.resume_from_checkpoint.empty() ? "w" : "a");
+  std::FILE* log = std::fopen(main_process ? log_path.c_str() : "/dev/null",
+                              a.resume_from_checkpoint.empty() ? "w" : "a");
   if (!log) fail("cannot write {}", log_path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> log_closer(log, std::fclose);
   std::unique_ptr<TensorBoardWriter> tb;
-  if (a.report_to == "tensorboard" || a.report_to == "all") {
+  if (main_process && (a.report_to == "tensorboard" || a.report_to == "all")) {
     tb = std::make_unique<TensorBoardWriter>(a.logging_dir.empty() ? default_logging_dir(a.output_dir)
                                                                    : a.logging_dir);
     tb->add_text("args", to_json(a).dump(2), 0);
@@ -226,7 +241,8 @@ int train_command(const TrainingArguments& requested) {
   }
 
   ProgressBar bar(!a.disable_tqdm);
-  const int64_t samples_per_update = int64_t(a.per_device_train_batch_size) * a.gradient_accumulation_steps;
+  const int64_t samples_per_update =
+      int64_t(a.per_device_train_batch_size) * a.gradient_accumulation_steps * pg.world_size;
   std::string last_loss;
   TrainCallbacks cb;
   cb.on_step = [&](int64_t done, int64_t total, const TrainerState&) {
@@ -272,7 +288,7 @@ int train_command(const TrainingArguments& requested) {
     return 128 + sig;
   }
   timeline.mark("train");
-  std::optional<GpuMemory> after_train = print_gpu_memory(be, "after training");
+  std::optional<GpuMemory> after_train = print_gpu_memory(be, gpu, "after training");
 
   nlohmann::ordered_json metrics = m.to_json();
   if (after_train) {
@@ -325,6 +341,7 @@ int train_command(const TrainingArguments& requested) {
   }
   // As run_classification.py: the model is saved before the metrics.
   host.reset();
+  if (!main_process) return 0;  // rank 0 writes the model and the results
   run.save_model(a.output_dir);
   if (in.tokenizer) in.tokenizer->save(a.output_dir);
   timeline.mark("save");

@@ -115,6 +115,7 @@ class CudaBackend final : public Backend {
                   const Tensor& qmaps, const Tensor& norm_coef) override;
 
   cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_; }
   cublasLtHandle_t lt() const { return lt_; }
   void* gemm_workspace() const { return gemm_workspace_; }
   size_t gemm_workspace_bytes() const { return kGemmWorkspaceBytes; }

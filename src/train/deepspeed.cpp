@@ -1,4 +1,5 @@
 #include "hone/deepspeed.h"
+#include "hone/distributed.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -197,11 +198,14 @@ DeepSpeedConfig load_deepspeed_config(const std::string& path, const TrainingArg
   for (const std::string& key : kNoEffect)
     if (r.find(key)) c.no_effect.push_back(key);
 
-  // Batch sizes: train_batch_size = micro batch x accumulation x world size (one GPU).
+  // Batch sizes: train_batch_size = micro batch x accumulation x world size (the
+  // launcher's, as DeepSpeed reads it).
+  const int world = process_group_from_env().world_size;
   r.match("train_micro_batch_size_per_gpu", a.per_device_train_batch_size, "per_device_train_batch_size");
   r.match("gradient_accumulation_steps", a.gradient_accumulation_steps, "gradient_accumulation_steps");
-  r.match("train_batch_size", double(a.per_device_train_batch_size) * a.gradient_accumulation_steps,
-          "train_batch_size (per_device_train_batch_size x gradient_accumulation_steps)");
+  r.match("train_batch_size", double(a.per_device_train_batch_size) * a.gradient_accumulation_steps * world,
+          world > 1 ? "train_batch_size (per_device_train_batch_size x gradient_accumulation_steps x world size)"
+                    : "train_batch_size (per_device_train_batch_size x gradient_accumulation_steps)");
   r.match("gradient_clipping", a.max_grad_norm, "max_grad_norm");
 
   // Precision.

@@ -36,7 +36,10 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const Dataset& ds = data.train;
-  const StepCounts sc = count_steps(a, ds.size());
+  Communicator& comm = run.communicator();
+  const int world = comm.world_size(), rank = comm.rank();
+  const bool main_process = rank == 0;  // writes checkpoints
+  const StepCounts sc = count_steps(a, ds.size(), world);
   const int B = a.per_device_train_batch_size;
   const int64_t GA = a.gradient_accumulation_steps;
   const int64_t eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
@@ -101,10 +104,13 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
     // The loss accumulated on the device since the last log belongs to the saved state.
     st.loss_since_log += run.take_loss_sum();
     st.total_flos = flos(run, st.tokens);
-    save_checkpoint(dir, run, files, st, a, sc);
-    notice("saved " + dir);
-    for (const std::string& p : rotate_checkpoints(a.output_dir, a.save_total_limit, st.best_model_checkpoint))
-      notice("deleted older checkpoint " + p + " (--save_total_limit " + std::to_string(a.save_total_limit) + ")");
+    if (main_process) {
+      save_checkpoint(dir, run, files, st, a, sc);
+      notice("saved " + dir);
+      for (const std::string& p : rotate_checkpoints(a.output_dir, a.save_total_limit, st.best_model_checkpoint))
+        notice("deleted older checkpoint " + p + " (--save_total_limit " + std::to_string(a.save_total_limit) + ")");
+    }
+    comm.barrier(run.backend());  // no rank reads a checkpoint before it is whole
   };
 
   // A DeepSpeed scheduler's explicit step counts must agree with this run's (as Trainer
@@ -120,10 +126,15 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
                                                          : epoch_order(ds.size(), a.seed, epoch);
     // A resumed epoch starts after the micro-batches its finished updates consumed.
     const int64_t first_micro = std::max<int64_t>(0, (st.global_step - epoch * sc.updates_per_epoch) * GA);
+    // Micro-step k takes micro-batches k * world .. k * world + world - 1 of the epoch's
+    // order, this rank's the rank-th; with several ranks, the last ones are filled from the
+    // start of the order so that every rank takes as many steps (accelerate's even_batches).
     std::vector<std::vector<int64_t>> batches;
+    const int64_t n = ds.size();
     for (int64_t k = first_micro; k < sc.micro_per_epoch; ++k) {
-      const int64_t lo = k * B, hi = std::min<int64_t>(ds.size(), lo + B);
-      batches.emplace_back(order.begin() + lo, order.begin() + hi);
+      const int64_t lo = (k * world + rank) * B;
+      std::vector<int64_t>& rows = batches.emplace_back();
+      for (int64_t i = lo; i < lo + B && (world > 1 || i < n); ++i) rows.push_back(order[size_t(i % n)]);
     }
     BatchLoader loader(ds, std::move(batches), {a.dataloader_num_workers, a.dataloader_pin_memory, 8, B},
                        run.backend());
@@ -134,7 +145,8 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
         const Batch* b = loader.next();
         st.tokens += int64_t(b->rows) * b->seq;
         model_flops += run.model().training_flops(b->rows, b->seq);
-        run.micro_step(*b, 1.0f / float(window), uint64_t(st.micro_steps++));
+        // Each rank's dropout masks are its own: the stream is keyed by micro-step and rank.
+        run.micro_step(*b, 1.0f / float(window * world), uint64_t(st.micro_steps++ * world + rank));
       }
       // Under fp16 the schedule and AdamW's step count only advance on applied updates.
       const int64_t applied = st.global_step - run.skipped_steps();
@@ -151,7 +163,8 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
       const bool saved = (a.save_strategy == "steps" && (st.global_step % a.save_steps == 0 || last)) ||
                          (a.save_strategy == "epoch" && epoch_end) || (a.save_strategy == "best" && best_now);
       if (saved) save(best_now);
-      if (cb.should_stop && cb.should_stop(st.global_step)) {
+      // With several ranks, all stop at the same update when any is asked to.
+      if (cb.should_stop && run.any_rank(cb.should_stop(st.global_step))) {
         if (cb.save_when_stopped && a.save_strategy != "no" && !saved) save(false);
         stopped = true;
         break;

@@ -25,15 +25,16 @@ nlohmann::ordered_json TrainMetrics::to_json() const {
   return j;
 }
 
-StepCounts count_steps(const TrainingArguments& a, int64_t n) {
+StepCounts count_steps(const TrainingArguments& a, int64_t n, int world_size) {
+  HONE_CHECK(world_size >= 1, "a world of {} ranks", world_size);
   StepCounts s;
   const int64_t B = a.per_device_train_batch_size, GA = a.gradient_accumulation_steps;
-  s.micro_per_epoch = (n + B - 1) / B;
+  s.micro_per_epoch = (n + B * world_size - 1) / (B * world_size);
   s.updates_per_epoch = std::max<int64_t>(1, (s.micro_per_epoch + GA - 1) / GA);
   if (a.max_steps > 0) {
     s.total_updates = a.max_steps;
     s.epochs = (a.max_steps + s.updates_per_epoch - 1) / s.updates_per_epoch;
-    s.num_train_samples = a.max_steps * B * GA;
+    s.num_train_samples = a.max_steps * B * GA * world_size;
   } else {
     s.total_updates = int64_t(std::ceil(a.num_train_epochs * double(s.updates_per_epoch)));
     s.epochs = int64_t(std::ceil(a.num_train_epochs));
@@ -62,6 +63,8 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
       be_(be),
       model_(std::make_unique<BertForSequenceClassification>(c)),
       optimizer_(make_optimizer(a)),
+      own_comm_(make_single_communicator()),
+      comm_(own_comm_.get()),
       offload_(a.offload_optimizer && phases.train) {
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
@@ -186,6 +189,7 @@ void TrainingRun::setup(BufferSource& mem) {
     optimizer_->take_state(mem, model_->layout());
   }
   loss_sum_ = mem.take(Category::Workspace, "loss_sum", -1, DType::F32, {1});
+  vote_ = mem.take(Category::Workspace, "rank_vote", -1, DType::F32, {1});
   sumsq_ = mem.take(Category::Workspace, "grad_sum_squares", -1, DType::F32, {1});
   norm_coef_ = mem.take(Category::Workspace, "grad_norm_and_clip", -1, DType::F32, {kNormCoefSize});
   if (loss_scaling()) scaler_ = mem.take(Category::Workspace, "loss_scaler", -1, DType::F32, {kScalerSize});
@@ -261,6 +265,44 @@ void TrainingRun::write_weights(const float* host) {
 
 void TrainingRun::sync_host_master() {
   if (host_master_.data) ops::copy(be_, model_->weights(), host_master_);
+}
+
+void TrainingRun::distribute(Communicator& comm) {
+  if (!comm.group().distributed()) return;
+  if (offload_)
+    fail("--offload_optimizer (ZeRO-Offload) runs on one GPU: with {} ranks, leave it out", comm.world_size());
+  comm_ = &comm;
+  model_->on_group_grads_done([this](Backend& be, BufferSource&, int k) {
+    if (reducing_grads_) comm_->all_reduce_sum(be, model_->grad(k));
+  });
+}
+
+void TrainingRun::broadcast_weights(int root) {
+  if (!comm_->group().distributed()) return;
+  Tensor& w = model_->weights().data ? model_->weights() : model_->compute_weights();
+  comm_->broadcast(be_, w, root);
+  comm_->wait_collectives(be_);
+  if (model_->weights().data && model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  be_.synchronize();
+}
+
+bool TrainingRun::any_rank(bool mine) {
+  if (!comm_->group().distributed()) return mine;
+  const float v = mine ? 1.0f : 0.0f;
+  ops::copy(be_, host_tensor(&v, DType::F32, {1}), vote_);
+  comm_->all_reduce_sum(be_, vote_);
+  comm_->wait_collectives(be_);
+  float sum = 0;
+  be_.read(vote_, &sum, 1);
+  return sum > 0;
+}
+
+void TrainingRun::reduce_grads() {
+  if (!comm_->group().distributed() || be_.dry_run) return;
+  if (!grads_reduced_)
+    for (int k = 0; k < model_->num_groups(); ++k) comm_->all_reduce_sum(be_, model_->grad(k));
+  comm_->wait_collectives(be_);
+  grads_reduced_ = false;
 }
 
 void TrainingRun::init_weights(uint64_t seed) {
@@ -463,11 +505,15 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   drop_sent_grads();
   // Offloaded accumulation: the window's last micro-step sends the gradients (eagerly:
   // transfers are not recorded).
-  sending_grads_ = offload_ && !scoped_grads_ && !be_.dry_run && ++micro_in_window_ == args_.gradient_accumulation_steps;
+  const bool window_ends = scoped_grads_ || ++micro_in_window_ == args_.gradient_accumulation_steps;
+  sending_grads_ = offload_ && !scoped_grads_ && !be_.dry_run && window_ends;
+  // Data parallel: the window's last backward sums each group's gradients over the ranks
+  // as it finishes them (eagerly: collectives are not recorded).
+  reducing_grads_ = comm_->group().distributed() && !be_.dry_run && window_ends;
   // Logits for the host are read eagerly; so are shapes past the recordings' cap.
   // An offloaded update after each micro-step runs on the host: no recordings then.
   if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_) &&
-      !sending_grads_) {
+      !sending_grads_ && !reducing_grads_) {
     last_micro_ = &micro_graphs_[std::tuple{batch, seq, grad_scale}];
     last_micro_mode_ = next_mode(*last_micro_);
   }
@@ -490,6 +536,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
     ops::add_scaled(be_, loss, grad_scale, loss_sum_);
   });
   sending_grads_ = false;
+  grads_reduced_ = reducing_grads_;
+  reducing_grads_ = false;
   if (last_micro_) last_micro_->inputs = b, last_micro_->step = step;
   mem.release(loss);
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &step}) mem.release(*t);
@@ -523,7 +571,8 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   StepMode mode = scoped_grads_ ? last_micro_mode_ : StepMode::Eager;
   if (scoped_grads_) {
     HONE_CHECK(step_open_, "optimizer_step without a micro_step before it");
-  } else if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !offload_) {  // host work: eager
+  } else if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !offload_ &&
+             !comm_->group().distributed()) {  // host work or collectives: eager
     graphs = &optimizer_graphs_;
     mode = next_mode(*graphs);
   }
@@ -558,6 +607,7 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
     ops::sum_squares(*host_be_, host_group_grads_.data(), int(host_group_grads_.size()), host_sumsq_);
     ops::copy(be_, host_sumsq_, sumsq_);
   } else {
+    reduce_grads();
     grad_list_.clear();
     for (int k = 0; k < model_->num_groups(); ++k) grad_list_.push_back(model_->grad(k));
     // One launch for the norm of every group (per 48 tensors).
@@ -631,6 +681,10 @@ void TrainingRun::drop_sent_grads() {
 }
 
 double TrainingRun::take_loss_sum() {
+  if (comm_->group().distributed()) {
+    comm_->all_reduce_sum(be_, loss_sum_);
+    comm_->wait_collectives(be_);
+  }
   float v = 0;
   be_.read(loss_sum_, &v, 1);
   ops::fill(be_, loss_sum_, 0.0f);

@@ -1,0 +1,73 @@
+// Two GPUs, two ranks over NCCL (hone launch): the losses of one GPU training the global
+// batch, in fp32 (within the rounding of the reduction's order) and in bf16. Skips with
+// fewer than two GPUs or without NCCL.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hone/config.h"
+#include "hone/cuda.h"
+#include "hone/distributed.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+std::vector<double> logged_losses(const std::string& out) {
+  std::vector<double> losses;
+  std::ifstream log(out + "/trainer_log.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
+  }
+  return losses;
+}
+
+int gpus() {
+  const test::CommandResult r = test::run_command("nvidia-smi -L 2>/dev/null | grep -c '^GPU'");
+  return r.code == 0 ? std::atoi(r.out.c_str()) : 0;
+}
+
+void expect_two_gpus_equal_one(const std::string& precision, double tolerance) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
+  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  test::TempDir tmp;
+  BertConfig c = *builtin_config("bert-tiny");
+  c.hidden_size = 64;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 96;
+  c.max_position_embeddings = 64;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;  // the same function on every rank count
+  const std::string model = test::save_random_model(tmp.path + "/model", c, 1);
+  const std::string common = "--model_name_or_path " + model +
+                             " --dataset synthetic:64x32 --num_train_epochs 2 --logging_steps 1 --learning_rate 1e-3"
+                             " --save_strategy no " + precision;
+  const test::CommandResult one =
+      test::run_hone("train " + common + " --per_device_train_batch_size 16 --output_dir " + tmp.path + "/one");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const test::CommandResult two = test::run_command(std::string(HONE_BINARY) + " launch --nproc_per_node 2 train " +
+                                                    common + " --per_device_train_batch_size 8 --output_dir " +
+                                                    tmp.path + "/two");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("x 2 ranks (data parallel, nccl, started by torchrun)"), std::string::npos) << two.out;
+  const std::vector<double> a = logged_losses(tmp.path + "/one"), b = logged_losses(tmp.path + "/two");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tolerance * std::abs(a[i])) << "step " << i + 1;
+}
+
+TEST(DataParallelGpu, TwoGpusEqualOneWithTheGlobalBatchInFp32) { expect_two_gpus_equal_one("", 1e-4); }
+
+TEST(DataParallelGpu, TwoGpusEqualOneWithTheGlobalBatchInBf16) {
+  std::string why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  // Each rank's half-precision activations round as one GPU's do; the sums differ in order.
+  expect_two_gpus_equal_one("--bf16", 2e-2);
+}
+
+}  // namespace
+}  // namespace hone

@@ -1,0 +1,78 @@
+// `hone launch` on the CPU: two ranks over MPI train as one process with twice the batch.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hone/config.h"
+#include "hone/distributed.h"
+#include "test_util.h"
+
+namespace hone {
+namespace {
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
+
+std::vector<double> logged_losses(const std::string& out) {
+  std::vector<double> losses;
+  std::ifstream log(out + "/trainer_log.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
+  }
+  return losses;
+}
+
+TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
+  if (!have_mpi()) GTEST_SKIP() << "this build has no MPI (install libopenmpi-dev and openmpi-bin)";
+  if (test::run_command("command -v mpiexec").code != 0) GTEST_SKIP() << "mpiexec is not on PATH (openmpi-bin)";
+  test::TempDir tmp;
+  BertConfig c = *builtin_config("bert-tiny");
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.max_position_embeddings = 64;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;  // the same function on every rank count
+  const std::string model = test::save_random_model(tmp.path + "/model", c, 1);
+  const std::string common = "--model_name_or_path " + model +
+                             " --dataset synthetic:32x16 --num_train_epochs 2 --logging_steps 1 --device cpu"
+                             " --learning_rate 1e-3 --save_strategy no";
+  const test::CommandResult one =
+      test::run_hone("train " + common + " --per_device_train_batch_size 8 --output_dir " + tmp.path + "/one");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const test::CommandResult two = test::run_command(std::string(HONE_BINARY) + " launch --nproc_per_node 2 train " +
+                                                    common + " --per_device_train_batch_size 4 --output_dir " +
+                                                    tmp.path + "/two");
+  ASSERT_EQ(two.code, 0) << two.out;
+  EXPECT_NE(two.out.find("x 2 ranks (data parallel, mpi, started by mpirun)"), std::string::npos) << two.out;
+  const std::vector<double> a = logged_losses(tmp.path + "/one"), b = logged_losses(tmp.path + "/two");
+  ASSERT_EQ(a.size(), 8u);  // 2 epochs of 32 rows in global batches of 8
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  const nlohmann::json r = read_json(tmp.path + "/two/train_results.json");
+  EXPECT_EQ(r["epoch"], 2.0);
+  EXPECT_NEAR(r["train_loss"].get<double>(), read_json(tmp.path + "/one/train_results.json")["train_loss"].get<double>(),
+              1e-5);
+  // One log, written by rank 0 alone (a second writer would double its lines).
+  EXPECT_EQ(logged_losses(tmp.path + "/two").size(), 8u);
+}
+
+TEST(Launch, AFailingRankStopsTheJobWithItsExitCode) {
+  if (!have_mpi()) GTEST_SKIP() << "this build has no MPI";
+  if (test::run_command("command -v mpiexec").code != 0) GTEST_SKIP() << "mpiexec is not on PATH (openmpi-bin)";
+  test::TempDir tmp;
+  const test::CommandResult r = test::run_command(std::string(HONE_BINARY) +
+                                                  " launch --nproc_per_node 2 train --device cpu --model_name_or_path "
+                                                  "no-such-model --dataset synthetic:8x8 --output_dir " +
+                                                  tmp.path + "/out");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("hone: error:"), std::string::npos) << r.out;
+}
+
+TEST(Launch, NeedsATrainCommand) {
+  const test::CommandResult r = test::run_hone("launch --nproc_per_node 2 predict --device cpu");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("hone launch runs `hone train"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace hone
