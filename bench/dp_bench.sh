@@ -3,7 +3,8 @@
 # 1 and N GPUs (hone launch) beside Trainer on 1 and N GPUs (torchrun, DDP), each a fresh
 # process, SAMPLES_PER_GPU samples per GPU so that every run takes as many steps.
 # Usage: bench/dp_bench.sh HF_TRAINER_BENCH.py [OUT_DIR]
-# Environment: GPUS (default: all), SAMPLES_PER_GPU (default 4096), SKIP_HF=1, HONE_COMMIT.
+# Environment: GPUS (default: all), SAMPLES_PER_GPU (default 4096), ZERO_STAGES (hone on N GPUs
+# at these ZeRO stages too, default "1 2"), SKIP_HF=1, HONE_COMMIT.
 # Results in OUT_DIR/dp: <run>.log, <run>/train_results.json, hf_<n>.jsonl, env.txt, table.md.
 set -uo pipefail
 hf_script=${1:+$(realpath -m "$1")}
@@ -24,13 +25,17 @@ echo "dp_bench: $gpus x $gpu, commit $commit"
 build_bench_hone "$out"
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-for n in 1 "$gpus"; do
-  run=hone_$n
+runs="1 $gpus"
+for z in ${ZERO_STAGES-1 2}; do runs="$runs ${gpus}z$z"; done
+for spec in $runs; do
+  n=${spec%z*}
+  zero=0; [[ $spec == *z* ]] && zero=${spec#*z}
+  run=hone_$spec
   t0=$(now)
   launch=(); [ "$n" -gt 1 ] && launch=(launch --nproc_per_node "$n")
   build-bench/hone "${launch[@]}" train --model_name_or_path bert-large-uncased \
     --dataset "synthetic:$((per_gpu * n))x512" --per_device_train_batch_size 32 --num_train_epochs 1 \
-    --save_strategy no --disable_tqdm --bf16 --tf32 --output_dir "$out/$run" >"$out/$run.log" 2>&1
+    --save_strategy no --disable_tqdm --bf16 --tf32 --zero_stage "$zero" --output_dir "$out/$run" >"$out/$run.log" 2>&1
   rc=$?
   echo "$(since "$t0")" >"$out/$run.wall"
   rm -f "$out/$run/model.safetensors"
@@ -55,15 +60,18 @@ def hone(k):
 def hf(k):
     try: return json.loads([l for l in open(f"{out}/hf_{k}.jsonl") if l.startswith("{")][-1])
     except Exception: return None
-print("| run | GPUs | samples/s | per GPU | scaling efficiency | process s | GPU memory (MiB, NVML, rank 0's GPU) |")
-print("|---|---|---|---|---|---|---|")
-for name, get, mem in (("hone", hone, "gpu_memory_after_train_mb"), ("Trainer (DDP)", hf, "nvml_after_train_mb")):
-    one = get(1)
-    for k in (1, n):
-        r = get(k)
-        if not r: print(f"| {name} | {k} | failed | | | | |"); continue
-        sps = r["train_samples_per_second"]
-        eff = sps / k / one["train_samples_per_second"] if one else float("nan")
-        wall = open(f"{out}/{'hone_' if name == 'hone' else 'hf_'}{k}.wall").read().strip()
-        print(f"| {name} | {k} | {sps:.1f} | {sps / k:.1f} | {100 * eff:.1f}% | {wall} | {r.get(mem, '')} |")
+print("| run | GPUs | samples/s | per GPU | scaling efficiency | process s | GPU memory (MiB, NVML, rank 0's GPU) | planned (MiB, rank 0) |")
+print("|---|---|---|---|---|---|---|---|")
+runs = [("hone", "hone_", hone, k, "gpu_memory_after_train_mb") for k in ["1", str(n)]]
+runs += [("hone, ZeRO stage " + d.split("z")[1], "hone_", hone, d[5:], "gpu_memory_after_train_mb")
+         for d in sorted(os.listdir(out)) if d.startswith(f"hone_{n}z") and os.path.isdir(f"{out}/{d}")]
+runs += [("Trainer (DDP)", "hf_", hf, k, "nvml_after_train_mb") for k in ["1", str(n)]]
+for name, prefix, get, k, mem in runs:
+    gpus = int(k.split("z")[0])
+    r, one = get(k), get("1")
+    if not r: print(f"| {name} | {gpus} | failed | | | | | |"); continue
+    sps = r["train_samples_per_second"]
+    eff = sps / gpus / one["train_samples_per_second"] if one else float("nan")
+    wall = open(f"{out}/{prefix}{k}.wall").read().strip()
+    print(f"| {name} | {gpus} | {sps:.1f} | {sps / gpus:.1f} | {100 * eff:.1f}% | {wall} | {r.get(mem, '')} | {r.get('planned_mb', '')} |")
 PY

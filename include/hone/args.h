@@ -94,6 +94,9 @@ struct TrainingArguments {
   // gradients the optimizer reads and its state in page-locked host memory, the update on
   // the CPU (docs/design/offload.md).
   bool offload_optimizer = false;
+  // ZeRO across data-parallel ranks (hone/trainer.h's Sharding), as a DeepSpeed file's
+  // zero_optimization.stage sets it: 0 none, 1 optimizer state sharded, 2 gradients too.
+  int zero_stage = 0;
   std::string device = "auto";  // auto | cpu | cuda
   bool cuda_graphs = true;      // replay repeated training steps as CUDA graphs
   int threads = 0;              // CPU threads; 0 = all cores

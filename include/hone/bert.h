@@ -41,8 +41,12 @@ class ParamLayout {
   const ParamEntry& at(const std::string& name) const;
   int64_t count() const { return count_; }  // all parameters
   const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Groups [first, end) alone, as a layout of their own: offsets from the first group's
+  // begin, groups numbered from 0 (a ZeRO rank's shard, whose optimizer sees only it).
+  ParamLayout shard(int first, int end) const;
 
  private:
+  ParamLayout() = default;
   std::vector<ParamEntry> entries_;
   std::vector<ParamGroup> groups_;
   int64_t count_ = 0;

@@ -43,6 +43,8 @@ class Communicator {
 
   // t = the sum of every rank's t.
   virtual void all_reduce_sum(Backend& be, Tensor& t) = 0;
+  // root's t = the sum of every rank's t (the others' t is left as it was).
+  virtual void reduce_sum(Backend& be, Tensor& t, int root) = 0;
   // t = root's t on every rank.
   virtual void broadcast(Backend& be, Tensor& t, int root) = 0;
   // The backend's later work waits for the collectives queued so far.

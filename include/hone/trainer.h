@@ -67,6 +67,20 @@ struct RunPhases {
   int infer_batch = 0;
 };
 
+// How data-parallel ranks share the training state (ZeRO). Stage 0: every rank keeps
+// everything. Stage 1: each rank keeps the optimizer state of a contiguous run of parameter
+// groups (shard_bounds) and updates only those; the owners then broadcast the updated
+// weights. Stage 2: each group's summed gradients also live only on its owner: the others
+// release them as soon as they are sent (step-scoped gradients, so no accumulation).
+struct Sharding {
+  int world_size = 1, rank = 0, stage = 0;
+  bool sharded() const { return world_size > 1 && stage > 0; }
+};
+Sharding sharding_for(const TrainingArguments& a, const ProcessGroup& g);
+// The first group of each rank's shard, then the number of groups: contiguous runs of
+// groups balanced by parameter count (every rank owns at least one group).
+std::vector<int> shard_bounds(const ParamLayout& layout, int world_size);
+
 // Everything a run holds: the model, its planned memory and the optimizer state.
 class TrainingRun {
  public:
@@ -74,19 +88,22 @@ class TrainingRun {
   // largest batch and longest sequence, and one inference batch) and allocates its
   // arenas. Weights are uninitialised until init_weights() or write_weights().
   TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-              GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
+              GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {}, Sharding sharding = {});
   ~TrainingRun();
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
 
   // The plan alone, allocating nothing: what `hone estimate` prints.
   static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                         GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {});
+                         GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {},
+                         Sharding sharding = {});
 
-  // Data parallel: from now on each update's gradients are summed over comm's ranks as
-  // backward finishes each layer's (the caller scales each rank's micro-steps by one over
-  // the world size), and so are the losses read. comm outlives the run.
+  // Data parallel over comm's ranks, as the run was planned (Sharding): from now on each
+  // update's gradients are summed over the ranks as backward finishes each layer's (the
+  // caller scales each rank's micro-steps by one over the world size), and so are the
+  // losses read. comm outlives the run.
   void distribute(Communicator& comm);
+  const Sharding& sharding() const { return sharding_; }
   Communicator& communicator() { return *comm_; }
   // Every rank's weights (and half copies) become root's.
   void broadcast_weights(int root = 0);
@@ -144,7 +161,7 @@ class TrainingRun {
  private:
   struct PlanOnly {};
   TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, GradientMemory grads,
-              RunPhases phases, PlanOnly);
+              RunPhases phases, Sharding sharding, PlanOnly);
   MemoryPlan record_plan();
   void setup(BufferSource& mem);
   void run_micro_step(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
@@ -210,7 +227,18 @@ class TrainingRun {
   Communicator* comm_ = nullptr;
   bool reducing_grads_ = false, grads_reduced_ = false;
   Tensor vote_;  // any_rank's flag
+  // ZeRO: this rank's groups [bounds_[rank], bounds_[rank + 1]), the layout its optimizer
+  // sees, each group's owner, and the shard's gradients (refilled within capacity).
+  Sharding sharding_;
+  std::vector<int> bounds_, owner_;
+  std::unique_ptr<ParamLayout> shard_layout_;
+  std::vector<Tensor> shard_grads_;
+  bool shards_grads() const { return sharding_.sharded() && sharding_.stage == 2; }
+  bool keeps_grads(int group) const { return !shards_grads() || owner_[size_t(group)] == sharding_.rank; }
+  void reduce_group(Backend& be, int group);  // all-reduce, or (stage 2) a reduce to its owner
   void reduce_grads();  // those not summed in backward, then the compute stream waits for all
+  void update_shard(BufferSource& mem);
+  void plan_ranks();  // ZeRO: this rank's update, then every rank's weights from their owners
   // fp16 loss scaling: the device state, and a page-locked host copy of
   // {norm_coef[2] (skipped), scale, clean steps} read back one step late.
   Tensor scaler_;

@@ -56,19 +56,38 @@ void print_fitting(const TrainingArguments& a, const RunInputs& in, Backend& be,
 
 }  // namespace
 
-int estimate_command(const TrainingArguments& a, bool list_buffers, const std::string& memory_budget) {
+int estimate_command(const TrainingArguments& a, bool list_buffers, const std::string& memory_budget,
+                     int world_size) {
   constexpr double kMiB = 1 << 20;
+  if (world_size < 1) fail("--world_size {}: at least 1", world_size);
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
   RunInputs in = prepare_inputs(a, true, evaluates, false);
   std::unique_ptr<Backend> be = make_backend(a, true);
   const RunPhases phases{true, in.eval ? a.per_device_eval_batch_size : 0};
-  MemoryPlan plan = TrainingRun::plan(a, in.model.config, in.seq_len, *be, gradient_memory_for(a), phases);
+  auto plan_of_rank = [&](int rank) {
+    return TrainingRun::plan(a, in.model.config, in.seq_len, *be, gradient_memory_for(a), phases,
+                             Sharding{world_size, rank, a.zero_stage});
+  };
+  MemoryPlan plan = plan_of_rank(0);
   const int64_t params = ParamLayout(in.model.config).count();
   fmt::print("hone estimate: {}\n  {}\n", in.model.name, describe(in.model.config, params));
   fmt::print("  run: batch {} x {} tokens, {}, {}, device {}\n", a.per_device_train_batch_size, in.seq_len,
              precision_name(a), a.optim, be->name());
   fmt::print("parameters: {}\n", with_commas(uint64_t(params)));
+  if (world_size > 1)
+    fmt::print("  data parallel: {} ranks, ZeRO stage {}; the plan below is rank 0's\n", world_size, a.zero_stage);
   fmt::print("memory plan (buffers whose lifetimes do not overlap share bytes):\n{}", memory_table(plan, params));
+  if (world_size > 1) {
+    // Shards are whole parameter groups, so ranks differ a little; NCCL's own buffers come on top.
+    fmt::print("per rank (planned; NCCL's communicator buffers are not in the plan):\n");
+    for (int r = 0; r < world_size; ++r) {
+      const MemoryPlan p = r == 0 ? plan : plan_of_rank(r);
+      fmt::print("  rank {}: {:>10.1f} MiB, of which optimizer state {:.1f} MiB, gradients {:.1f} MiB\n", r,
+                 double(p.total_bytes()) / kMiB,
+                 double(p.category_bytes[size_t(Category::OptimizerState)]) / kMiB,
+                 double(p.category_bytes[size_t(Category::Gradients)]) / kMiB);
+    }
+  }
   if (list_buffers) fmt::print("buffers:\n{}", buffer_list(plan));
   if (be->device() == Device::CUDA) {
     // The context and libraries are measured, not guessed: this process has just created them.

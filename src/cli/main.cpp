@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");
   std::string memory_budget;
+  int estimate_world = 1;
+  est->add_option("--world_size", estimate_world,
+                  "plan each of this many data-parallel ranks (with --zero_stage or a DeepSpeed file's stage)")
+      ->check(CLI::PositiveNumber);
   est->add_option("--memory_budget", memory_budget,
                   "list the configurations that fit this much memory, fastest first: a size such as 16GB or 24GiB "
                   "(the card's; the CUDA context measured here is taken off it), or 'gpu' for this GPU's free memory");
@@ -65,7 +69,7 @@ int main(int argc, char** argv) {
     if (tok->parsed()) return cli::tokenize_command(tokenizer_dir, tokenize_max_length);
     validate(estimate_args);
     apply_deepspeed(estimate_args);
-    return cli::estimate_command(estimate_args, list_buffers, memory_budget);
+    return cli::estimate_command(estimate_args, list_buffers, memory_budget, estimate_world);
   } catch (const Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "hone: error: {}\n", e.what());

@@ -148,7 +148,10 @@ int train_command(const TrainingArguments& requested) {
 
   const RunPhases phases{true, in.eval ? a.per_device_eval_batch_size : 0};
   a.per_device_train_batch_size = fitted_batch(a, cfg, in.seq_len, be, phases, gpu);
-  TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a), phases);
+  if (a.zero_stage > 0 && !pg.distributed() && !a.offload_optimizer)
+    fmt::print("notice: ZeRO stage {} shares the optimizer state out among data-parallel ranks; one process keeps "
+               "it all (start several with hone launch, torchrun or mpirun)\n", a.zero_stage);
+  TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a), phases, sharding_for(a, pg));
   run.distribute(*comm);
   timeline.mark("memory_plan");
   const ParamLayout& layout = run.model().layout();
@@ -191,7 +194,8 @@ int train_command(const TrainingArguments& requested) {
   if (!in.labels.regression && in.tokenizer) fmt::print("  labels: {}\n", fmt::join(in.labels.names, ", "));
   fmt::print("  device: {}; batch {} x {} accumulation{}, {} updates over {} epoch(s)\n", where,
              a.per_device_train_batch_size, a.gradient_accumulation_steps,
-             pg.distributed() ? fmt::format(" x {} ranks (data parallel, {}, started by {})", pg.world_size,
+             pg.distributed() ? fmt::format(" x {} ranks (data parallel{}, {}, started by {})", pg.world_size,
+                                            a.zero_stage > 0 ? fmt::format(", ZeRO stage {}", a.zero_stage) : "",
                                             comm->name(), pg.launcher)
                               : "",
              sc.total_updates, sc.epochs);

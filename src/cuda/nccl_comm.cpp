@@ -79,6 +79,12 @@ class NcclCommunicator final : public Communicator {
     HONE_NCCL_CHECK(ncclAllReduce(t.data, t.data, size_t(t.numel()), ncclFloat32, ncclSum, comm_, stream_));
     queued("ncclAllReduce");
   }
+  void reduce_sum(Backend& be, Tensor& t, int root) override {
+    HONE_CHECK(t.device == Device::CUDA && t.dtype == DType::F32, "NCCL reduce of a {} tensor", dtype_name(t.dtype));
+    follow(cuda_of(be));
+    HONE_NCCL_CHECK(ncclReduce(t.data, t.data, size_t(t.numel()), ncclFloat32, ncclSum, root, comm_, stream_));
+    queued("ncclReduce");
+  }
   void broadcast(Backend& be, Tensor& t, int root) override {
     HONE_CHECK(t.device == Device::CUDA, "NCCL broadcast of a host tensor");
     follow(cuda_of(be));

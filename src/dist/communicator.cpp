@@ -12,6 +12,9 @@ class SingleProcess final : public Communicator {
   SingleProcess() : Communicator(ProcessGroup{}) {}
   std::string name() const override { return "single process"; }
   void all_reduce_sum(Backend&, Tensor&) override {}
+  void reduce_sum(Backend&, Tensor&, int root) override {
+    HONE_CHECK(root == 0, "reduce to rank {} of a single process", root);
+  }
   void broadcast(Backend&, Tensor&, int root) override {
     HONE_CHECK(root == 0, "broadcast from rank {} of a single process", root);
   }

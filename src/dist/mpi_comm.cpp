@@ -77,6 +77,14 @@ class MpiCommunicator final : public Communicator {
     Guard g(*this, "MPI_Allreduce");
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.data, int(t.numel()), MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
   }
+  void reduce_sum(Backend& be, Tensor& t, int root) override {
+    check_host_f32(be, t, "reduce_sum");
+    Guard g(*this, "MPI_Reduce");
+    const bool mine = rank() == root;
+    check_mpi(MPI_Reduce(mine ? MPI_IN_PLACE : t.data, mine ? t.data : nullptr, int(t.numel()), MPI_FLOAT, MPI_SUM,
+                         root, comm_),
+              "MPI_Reduce");
+  }
   void broadcast(Backend& be, Tensor& t, int root) override {
     HONE_CHECK(t.device == Device::CPU, "MPI broadcast of a tensor on the GPU");
     Guard g(*this, "MPI_Bcast");

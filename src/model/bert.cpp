@@ -128,6 +128,26 @@ void BertForSequenceClassification::take_grads(Backend& be, BufferSource& mem, i
   ops::fill(be, t, 0.0f);
 }
 
+ParamLayout ParamLayout::shard(int first, int end) const {
+  HONE_CHECK(0 <= first && first < end && end <= int(groups_.size()), "shard of groups [{}, {}) of {}", first, end,
+             groups_.size());
+  ParamLayout s;
+  const int64_t base = groups_[size_t(first)].begin;
+  for (const ParamEntry& e : entries_)
+    if (e.group >= first && e.group < end) {
+      ParamEntry r = e;
+      r.offset -= base;
+      r.group -= first;
+      s.entries_.push_back(std::move(r));
+    }
+  for (int k = first; k < end; ++k) {
+    const ParamGroup& g = groups_[size_t(k)];
+    s.groups_.push_back({g.begin - base, g.decayed_end - base, g.end - base});
+  }
+  s.count_ = groups_[size_t(end - 1)].end - base;
+  return s;
+}
+
 void BertForSequenceClassification::release_grads(BufferSource& mem) {
   if (!step_scoped_grads_) return;
   for (Tensor& t : group_grads_)

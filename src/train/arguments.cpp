@@ -141,6 +141,9 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add_bool(app, "offload_optimizer", a.offload_optimizer,
            "ZeRO-Offload: master weights, gradients for the update and optimizer state in host memory, the update "
            "on the CPU");
+  add(app, "zero_stage", a.zero_stage,
+      "ZeRO over data-parallel ranks: 1 shards the optimizer state, 2 the gradients too (what a DeepSpeed file's "
+      "zero_optimization.stage sets)");
   add_bool(app, "cuda_graphs", a.cuda_graphs,
            "Replay each repeated training step as a CUDA graph, without launching its kernels one by one (CUDA)");
   add(app, "threads", a.threads, "CPU threads; 0 = all cores");
@@ -187,6 +190,9 @@ void apply_deepspeed(TrainingArguments& a) {
   if (a.deepspeed.empty()) return;
   auto ds = std::make_shared<DeepSpeedConfig>(load_deepspeed_config(a.deepspeed, a));
   a.offload_optimizer = a.offload_optimizer || ds->offload_optimizer;
+  if (a.zero_stage != 0 && a.zero_stage != ds->zero_stage)
+    fail("--zero_stage {} and {}'s zero_optimization.stage {} disagree", a.zero_stage, a.deepspeed, ds->zero_stage);
+  a.zero_stage = ds->zero_stage;
   a.deepspeed_config = std::move(ds);
 }
 
@@ -222,6 +228,8 @@ void validate(const TrainingArguments& a) {
   require(a.eval_steps >= 0, "eval_steps", ">= 0 (0: --logging_steps)", a.eval_steps);
   require(a.save_steps >= 1, "save_steps", ">= 1", a.save_steps);
   require(a.save_total_limit >= 0, "save_total_limit", ">= 0 (0: keep all)", a.save_total_limit);
+  require(a.zero_stage >= 0 && a.zero_stage <= 2, "zero_stage",
+          "0, 1 or 2 (stage 3, parameters sharded, is not implemented)", a.zero_stage);
   if (!one_of(a.eval_strategy, kEvalStrategies))
     fail("--eval_strategy: expected one of {}, got '{}'", fmt::join(kEvalStrategies, ", "), a.eval_strategy);
   if (!one_of(a.save_strategy, kSaveStrategies))

@@ -40,6 +40,10 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
   const int world = comm.world_size(), rank = comm.rank();
   const bool main_process = rank == 0;  // writes checkpoints
   const StepCounts sc = count_steps(a, ds.size(), world);
+  if (run.sharding().sharded() && (a.save_strategy != "no" || !a.resume_from_checkpoint.empty()))
+    fail("ZeRO stage {} over {} ranks keeps each rank's share of the optimizer state, and checkpoints of shared-out "
+         "state are not implemented yet: use --save_strategy no (the final model is still saved), or stage 0",
+         run.sharding().stage, world);
   const int B = a.per_device_train_batch_size;
   const int64_t GA = a.gradient_accumulation_steps;
   const int64_t eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;

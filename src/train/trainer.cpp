@@ -54,8 +54,29 @@ Checkpointing checkpointing_for(const TrainingArguments& a) {
   return a.gradient_checkpointing_policy == "selective" ? Checkpointing::Selective : Checkpointing::Full;
 }
 
+Sharding sharding_for(const TrainingArguments& a, const ProcessGroup& g) {
+  return {g.world_size, g.rank, a.zero_stage};
+}
+
+std::vector<int> shard_bounds(const ParamLayout& layout, int world) {
+  const std::vector<ParamGroup>& groups = layout.groups();
+  const int n = int(groups.size());
+  if (world > n) fail("ZeRO over {} ranks: the model has only {} parameter groups to share out", world, n);
+  // Rank r's shard ends at the first group boundary past r + 1 world-ths of the parameters,
+  // leaving every later rank a group at least.
+  std::vector<int> bounds{0};
+  for (int r = 1; r < world; ++r) {
+    const double target = double(layout.count()) * r / world;
+    int k = bounds.back() + 1;
+    while (k < n - (world - r) && double(groups[size_t(k)].end) <= target) ++k;
+    bounds.push_back(k);
+  }
+  bounds.push_back(n);
+  return bounds;
+}
+
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                         GradientMemory grads, RunPhases phases, PlanOnly)
+                         GradientMemory grads, RunPhases phases, Sharding sharding, PlanOnly)
     : args_(a),
       seq_(seq_len),
       phases_(phases),
@@ -65,12 +86,14 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
       optimizer_(make_optimizer(a)),
       own_comm_(make_single_communicator()),
       comm_(own_comm_.get()),
-      offload_(a.offload_optimizer && phases.train) {
+      offload_(a.offload_optimizer && phases.train),
+      sharding_(sharding) {
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
   model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
+  if (sharding_.world_size > 1 && phases_.train) plan_ranks();
   if (offload_) {
     if (be_.device() == Device::CPU) {
       host_be_ = &be_;
@@ -82,8 +105,8 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
 }
 
 TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                         GradientMemory grads, RunPhases phases)
-    : TrainingRun(a, c, seq_len, be, grads, phases, PlanOnly{}) {
+                         GradientMemory grads, RunPhases phases, Sharding sharding)
+    : TrainingRun(a, c, seq_len, be, grads, phases, sharding, PlanOnly{}) {
   mem_ = std::make_unique<PlannedMemory>(record_plan(), be);
   mem_->begin_phase(Phase::Setup);
   setup(*mem_);
@@ -120,8 +143,8 @@ TrainingRun::~TrainingRun() {
 }
 
 MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
-                             GradientMemory grads, RunPhases phases) {
-  return TrainingRun(a, c, seq_len, be, grads, phases, PlanOnly{}).record_plan();
+                             GradientMemory grads, RunPhases phases, Sharding sharding) {
+  return TrainingRun(a, c, seq_len, be, grads, phases, sharding, PlanOnly{}).record_plan();
 }
 
 // Dry-runs setup, one micro-step at the largest batch and one optimizer step against a
@@ -186,7 +209,7 @@ void TrainingRun::setup(BufferSource& mem) {
       }
     });
   } else {
-    optimizer_->take_state(mem, model_->layout());
+    optimizer_->take_state(mem, sharding_.sharded() ? *shard_layout_ : model_->layout());
   }
   loss_sum_ = mem.take(Category::Workspace, "loss_sum", -1, DType::F32, {1});
   vote_ = mem.take(Category::Workspace, "rank_vote", -1, DType::F32, {1});
@@ -267,14 +290,50 @@ void TrainingRun::sync_host_master() {
   if (host_master_.data) ops::copy(be_, model_->weights(), host_master_);
 }
 
-void TrainingRun::distribute(Communicator& comm) {
-  if (!comm.group().distributed()) return;
+// Several ranks: what this rank owns, and the hook that sums each group's gradients over
+// the ranks as backward finishes it (under stage 2, on its owner alone, the others then
+// giving the memory back at once; the plan's dry run releases it as the run does).
+void TrainingRun::plan_ranks() {
+  const Sharding& s = sharding_;
+  HONE_CHECK(s.rank >= 0 && s.rank < s.world_size && s.stage >= 0 && s.stage <= 2, "rank {} of {} at ZeRO stage {}",
+             s.rank, s.world_size, s.stage);
   if (offload_)
-    fail("--offload_optimizer (ZeRO-Offload) runs on one GPU: with {} ranks, leave it out", comm.world_size());
-  comm_ = &comm;
-  model_->on_group_grads_done([this](Backend& be, BufferSource&, int k) {
-    if (reducing_grads_) comm_->all_reduce_sum(be, model_->grad(k));
+    fail("--offload_optimizer (ZeRO-Offload) runs on one GPU: with {} ranks, leave it out", s.world_size);
+  if (s.sharded() && s.stage == 2 && !scoped_grads_)
+    fail("ZeRO stage 2 keeps each rank's share of the gradients between micro-steps only without gradient "
+         "accumulation (--gradient_accumulation_steps {}): use stage 1, or accumulation 1",
+         args_.gradient_accumulation_steps);
+  const ParamLayout& layout = model_->layout();
+  bounds_ = shard_bounds(layout, s.world_size);
+  owner_.assign(layout.groups().size(), 0);
+  for (int r = 0; r < s.world_size; ++r)
+    for (int k = bounds_[size_t(r)]; k < bounds_[size_t(r) + 1]; ++k) owner_[size_t(k)] = r;
+  if (s.sharded()) {
+    shard_layout_ = std::make_unique<ParamLayout>(layout.shard(bounds_[size_t(s.rank)], bounds_[size_t(s.rank) + 1]));
+    shard_grads_.reserve(shard_layout_->groups().size());
+  }
+  model_->on_group_grads_done([this](Backend& be, BufferSource& m, int k) {
+    if (reducing_grads_) reduce_group(be, k);
+    if (keeps_grads(k)) return;
+    if (reducing_grads_) comm_->wait_collectives(be);  // the reduce has read them before they are reused
+    m.release(model_->grad(k));
+    model_->grad(k) = Tensor{};
   });
+}
+
+void TrainingRun::distribute(Communicator& comm) {
+  if (!comm.group().distributed() && sharding_.world_size == 1) return;
+  if (comm.world_size() != sharding_.world_size || comm.rank() != sharding_.rank)
+    fail("a run planned as rank {} of {} given rank {} of {}", sharding_.rank, sharding_.world_size, comm.rank(),
+         comm.world_size());
+  comm_ = &comm;
+}
+
+void TrainingRun::reduce_group(Backend& be, int k) {
+  if (shards_grads())
+    comm_->reduce_sum(be, model_->grad(k), owner_[size_t(k)]);
+  else
+    comm_->all_reduce_sum(be, model_->grad(k));
 }
 
 void TrainingRun::broadcast_weights(int root) {
@@ -300,9 +359,41 @@ bool TrainingRun::any_rank(bool mine) {
 void TrainingRun::reduce_grads() {
   if (!comm_->group().distributed() || be_.dry_run) return;
   if (!grads_reduced_)
-    for (int k = 0; k < model_->num_groups(); ++k) comm_->all_reduce_sum(be_, model_->grad(k));
+    for (int k = 0; k < model_->num_groups(); ++k) reduce_group(be_, k);
   comm_->wait_collectives(be_);
   grads_reduced_ = false;
+}
+
+void TrainingRun::update_shard(BufferSource& mem) {
+  const ParamLayout& layout = model_->layout();
+  const int first = bounds_[size_t(sharding_.rank)], end = bounds_[size_t(sharding_.rank) + 1];
+  shard_grads_.clear();
+  for (int k = first; k < end; ++k) shard_grads_.push_back(model_->grad(k));
+  auto range = [&](const Tensor& flat, int r) {
+    return flat.rows(layout.groups()[size_t(bounds_[size_t(r)])].begin,
+                     layout.groups()[size_t(bounds_[size_t(r) + 1] - 1)].end);
+  };
+  const bool mixed = model_->mixed();
+  const OptimizerTarget target{*shard_layout_,
+                               range(model_->weights(), sharding_.rank),
+                               mixed ? range(model_->compute_weights(), sharding_.rank) : Tensor{},
+                               shard_grads_,
+                               norm_coef_,
+                               optimizer_scalars_};
+  optimizer_->update(be_, mem, target);
+  // Every rank's updated master weights from their owners; the half copies of others'
+  // shards are rounded here, as the owners' update rounded theirs.
+  for (int r = 0; r < sharding_.world_size; ++r) {
+    Tensor w = range(model_->weights(), r);
+    if (!be_.dry_run) comm_->broadcast(be_, w, r);
+  }
+  if (!be_.dry_run) comm_->wait_collectives(be_);
+  if (mixed)
+    for (int r = 0; r < sharding_.world_size; ++r)
+      if (r != sharding_.rank) {
+        Tensor half = range(model_->compute_weights(), r);
+        ops::cast(be_, range(model_->weights(), r), half);
+      }
 }
 
 void TrainingRun::init_weights(uint64_t seed) {
@@ -609,15 +700,22 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
   } else {
     reduce_grads();
     grad_list_.clear();
-    for (int k = 0; k < model_->num_groups(); ++k) grad_list_.push_back(model_->grad(k));
+    for (int k = 0; k < model_->num_groups(); ++k)
+      if (keeps_grads(k)) grad_list_.push_back(model_->grad(k));
     // One launch for the norm of every group (per 48 tensors).
     ops::fill(be_, sumsq_, 0.0f);
     ops::sum_squares(be_, grad_list_.data(), int(grad_list_.size()), sumsq_);
+    if (shards_grads() && !be_.dry_run) {  // each rank summed its own groups' squares
+      comm_->all_reduce_sum(be_, sumsq_);
+      comm_->wait_collectives(be_);
+    }
   }
   ops::clip_coefficient(be_, sumsq_, float(args_.max_grad_norm), norm_coef_, loss_scaling() ? &scaler_ : nullptr);
   Backend::Transfer weights_up;  // offloaded: the next forward waits for it, not the zeroing below
   if (offload_) {
     weights_up = offload_update(mem);
+  } else if (sharding_.sharded()) {
+    update_shard(mem);
   } else {
     const OptimizerTarget target{model_->layout(),
                                  model_->weights(),
