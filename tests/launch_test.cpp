@@ -23,16 +23,41 @@ std::vector<double> logged_losses(const std::string& out) {
   return losses;
 }
 
-TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
-  if (!have_mpi()) GTEST_SKIP() << "this build has no MPI (install libopenmpi-dev and openmpi-bin)";
-  if (test::run_command("command -v mpiexec").code != 0) GTEST_SKIP() << "mpiexec is not on PATH (openmpi-bin)";
-  test::TempDir tmp;
+bool can_launch_mpi(std::string* why) {
+  if (!have_mpi()) {
+    *why = "this build has no MPI (install libopenmpi-dev and openmpi-bin)";
+    return false;
+  }
+  if (test::run_command("command -v mpiexec").code != 0) {
+    *why = "mpiexec is not on PATH (openmpi-bin)";
+    return false;
+  }
+  return true;
+}
+
+// A small model without dropout: the same function on every rank count.
+std::string dropout_free_model(const std::string& dir) {
   BertConfig c = *builtin_config("bert-tiny");
   c.hidden_size = 32;
   c.intermediate_size = 48;
   c.max_position_embeddings = 64;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;  // the same function on every rank count
-  const std::string model = test::save_random_model(tmp.path + "/model", c, 1);
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  return test::save_random_model(dir, c, 1);
+}
+
+// On `ranks` processes with the global batch of 8 (hone launch when ranks > 1).
+test::CommandResult train_on(int ranks, const std::string& flags) {
+  const std::string batch = " --per_device_train_batch_size " + std::to_string(8 / ranks);
+  if (ranks == 1) return test::run_hone("train " + flags + batch);
+  return test::run_command(std::string(HONE_BINARY) + " launch --nproc_per_node " + std::to_string(ranks) +
+                           " train " + flags + batch);
+}
+
+TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
+  std::string why;
+  if (!can_launch_mpi(&why)) GTEST_SKIP() << why;
+  test::TempDir tmp;
+  const std::string model = dropout_free_model(tmp.path + "/model");
   const std::string common = "--model_name_or_path " + model +
                              " --dataset synthetic:32x16 --num_train_epochs 2 --logging_steps 1 --device cpu"
                              " --learning_rate 1e-3 --save_strategy no";
@@ -56,9 +81,39 @@ TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
   EXPECT_EQ(logged_losses(tmp.path + "/two").size(), 8u);
 }
 
+// A checkpoint that rank 0 wrote for two ranks resumes on one process and the other way
+// round, each continuing the uninterrupted run's loss curve (the same global batch).
+TEST(Launch, ResumesOnAnotherNumberOfRanks) {
+  std::string why;
+  if (!can_launch_mpi(&why)) GTEST_SKIP() << why;
+  test::TempDir tmp;
+  const std::string model = dropout_free_model(tmp.path + "/model");
+  const std::string common = "--model_name_or_path " + model +
+                             " --dataset synthetic:32x16 --num_train_epochs 2 --logging_steps 1 --device cpu"
+                             " --learning_rate 1e-3 --output_dir ";
+  const test::CommandResult whole = train_on(1, common + tmp.path + "/whole --save_strategy no");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  const std::vector<double> expected = logged_losses(tmp.path + "/whole");
+  ASSERT_EQ(expected.size(), 8u);
+  for (const auto& [first, second] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE(std::to_string(first) + " ranks, then " + std::to_string(second));
+    const std::string first_out = tmp.path + "/first" + std::to_string(first);
+    const std::string second_out = tmp.path + "/second" + std::to_string(second);
+    const test::CommandResult a = train_on(first, common + first_out + " --save_strategy steps --save_steps 3");
+    ASSERT_EQ(a.code, 0) << a.out;
+    const test::CommandResult b = train_on(second, common + second_out + " --save_strategy no --resume_from_checkpoint " +
+                                                       first_out + "/checkpoint-3");
+    ASSERT_EQ(b.code, 0) << b.out;
+    const std::vector<double> got = logged_losses(second_out);  // steps 4 to 8
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], expected[i + 3], 1e-5 * expected[i + 3]) << "step " << i + 4;
+  }
+}
+
 TEST(Launch, AFailingRankStopsTheJobWithItsExitCode) {
-  if (!have_mpi()) GTEST_SKIP() << "this build has no MPI";
-  if (test::run_command("command -v mpiexec").code != 0) GTEST_SKIP() << "mpiexec is not on PATH (openmpi-bin)";
+  std::string why;
+  if (!can_launch_mpi(&why)) GTEST_SKIP() << why;
   test::TempDir tmp;
   const test::CommandResult r = test::run_command(std::string(HONE_BINARY) +
                                                   " launch --nproc_per_node 2 train --device cpu --model_name_or_path "

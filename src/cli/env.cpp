@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "hone/distributed.h"
 #include "hone/gpu_info.h"
 
 // HONE_VERSION, HONE_BUILD_TYPE and HONE_CUDA_ARCHITECTURES come from CMake.
@@ -33,6 +34,10 @@ int env_command() {
   fmt::print("CPU: {} OpenMP threads of {} processors{}\n", omp_get_max_threads(), omp_get_num_procs(),
              env_threads ? fmt::format(" (OMP_NUM_THREADS={})", env_threads) : std::string());
   fmt::print("{}", gpu_environment_report());
+  const ProcessGroup g = process_group_from_env();
+  fmt::print("several processes: NCCL {}, MPI {}; this process is rank {} of {} (launcher: {})\n",
+             have_nccl() ? "built" : "not built", have_mpi() ? "built" : "not built", g.rank, g.world_size,
+             g.launcher);
   return 0;
 }
 
