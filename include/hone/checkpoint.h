@@ -19,7 +19,13 @@ std::string checkpoint_path(const std::string& output_dir, int64_t step);
 void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles& files, const TrainerState& state,
                      const TrainingArguments& a, const StepCounts& sc);
 
-// Restores the weights, optimizer moments and trainer state of `dir` into `run`. A
+// ZeRO over several ranks: every rank but 0 calls this first (then all wait at a barrier),
+// writing its share of the optimizer state beside dir for rank 0's save_checkpoint, which
+// joins the shares into the one optimizer file a single process would write.
+void save_optimizer_share(const std::string& dir, TrainingRun& run);
+
+// Restores the weights, optimizer moments and trainer state of `dir` into `run` (under
+// ZeRO, each rank its share of the optimizer state, whatever the saving run's ranks). A
 // checkpoint of a different model, or one with a missing or malformed file, is an error
 // naming the file.
 TrainerState load_checkpoint(const std::string& dir, TrainingRun& run);

@@ -104,6 +104,10 @@ class TrainingRun {
   // losses read. comm outlives the run.
   void distribute(Communicator& comm);
   const Sharding& sharding() const { return sharding_; }
+  // ZeRO: where rank r's share of each of the optimizer's state tensors starts in the state
+  // one process would keep (every optimizer lays its state out group by group, so the ranks'
+  // shares, in rank order, are the whole), and (r = world size) the whole's size.
+  std::vector<int64_t> state_offsets(int rank) const;
   Communicator& communicator() { return *comm_; }
   // Every rank's weights (and half copies) become root's.
   void broadcast_weights(int root = 0);

@@ -47,17 +47,72 @@ int64_t checkpoint_step(const std::string& name) {
 // Trainer writes optimizer.pt (a pickled torch state); hone writes the optimizer's state
 // tensors as safetensors, in the model's flat parameter order, with the optimizer that
 // wrote them in the metadata.
-void save_optimizer_state(const std::string& path, TrainingRun& run, int64_t step) {
+// Where rank r (> 0) of a ZeRO run leaves its share for rank 0: a temporary sibling of the
+// checkpoint named with the writer's pid, so that remove_stale_temporaries clears one that
+// a crash left behind.
+std::string share_prefix(const std::string& dir, int rank) {
+  return fmt::format(".{}-optimizer-rank{}.tmp.", fs::path(dir).filename().string(), rank);
+}
+
+std::string share_path(const std::string& dir, int rank) {
+  return (fs::path(dir).parent_path() / (share_prefix(dir, rank) + std::to_string(::getpid()))).string();
+}
+
+// Rank r's share as rank 0 finds it: the newest file of that name (one from a crashed run's
+// save of the same step is older).
+std::string find_share(const std::string& dir, int rank) {
+  const fs::path parent = fs::path(dir).parent_path();
+  const std::string prefix = share_prefix(dir, rank);
+  std::error_code ec;
+  fs::path best;
+  fs::file_time_type newest{};
+  for (const fs::directory_entry& e : fs::directory_iterator(parent.empty() ? "." : parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const fs::file_time_type t = e.last_write_time(ec);
+    if (best.empty() || t > newest) best = e.path(), newest = t;
+  }
+  if (best.empty()) fail("rank {} left no share of the optimizer state for {} ({}*)", rank, dir, prefix);
+  return best.string();
+}
+
+// This rank's optimizer state on the host, in its state tensors' order.
+std::vector<std::vector<std::byte>> host_state(TrainingRun& run, const std::vector<StateTensor>& state) {
+  std::vector<std::vector<std::byte>> bytes(state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    bytes[i].resize(state[i].tensor.bytes());
+    run.copy_to_host(state[i].tensor, bytes[i].data());
+  }
+  return bytes;
+}
+
+void save_optimizer_state(const std::string& path, const std::string& dir, TrainingRun& run, int64_t step) {
   const Optimizer& opt = run.optimizer();
   const std::vector<StateTensor> state = opt.state();
-  std::vector<std::vector<std::byte>> bytes(state.size());
-  std::vector<NamedTensor> named;
-  for (size_t i = 0; i < state.size(); ++i) {
-    const Tensor& t = state[i].tensor;
-    bytes[i].resize(t.bytes());
-    run.copy_to_host(t, bytes[i].data());
-    named.push_back({state[i].name, Tensor{bytes[i].data(), t.dtype, t.shape, Device::CPU}});
+  std::vector<std::vector<std::byte>> bytes = host_state(run, state);
+  std::vector<Shape> shapes;
+  for (const StateTensor& s : state) shapes.push_back(s.tensor.shape);
+  if (run.sharding().sharded()) {
+    // The other ranks' shares (save_optimizer_share) after this one's, in rank order: the
+    // state of one process.
+    for (int r = 1; r < run.sharding().world_size; ++r) {
+      const std::string part = find_share(dir, r);
+      {
+        SafetensorsFile file(part);
+        for (size_t i = 0; i < state.size(); ++i) {
+          const SafetensorsEntry* e = file.find(state[i].name);
+          if (!e || e->dtype != state[i].tensor.dtype) fail("{}: no {} share of {}", part, dtype_name(state[i].tensor.dtype), state[i].name);
+          const std::byte* p = static_cast<const std::byte*>(e->data);
+          bytes[i].insert(bytes[i].end(), p, p + e->numel() * int64_t(dtype_size(e->dtype)));
+        }
+      }
+      fs::remove(part);
+    }
+    for (size_t i = 0; i < state.size(); ++i) shapes[i] = Shape{int64_t(bytes[i].size() / dtype_size(state[i].tensor.dtype))};
   }
+  std::vector<NamedTensor> named;
+  for (size_t i = 0; i < state.size(); ++i)
+    named.push_back({state[i].name, Tensor{bytes[i].data(), state[i].tensor.dtype, shapes[i], Device::CPU}});
   write_safetensors(path, named,
                     {{"format", "hone"},
                      {"optim", std::string(opt.name())},
@@ -77,17 +132,24 @@ void load_optimizer_state(const std::string& path, TrainingRun& run) {
          optim == file.metadata().end() ? "adamw_torch" : "--optim " + optim->second, saved, opt.name(),
          opt.state_kind());
   }
-  for (const StateTensor& s : opt.state()) {
+  // Under ZeRO this rank's share starts at its offset in the whole, which the file holds.
+  const bool sharded = run.sharding().sharded();
+  const std::vector<StateTensor> state = opt.state();
+  const std::vector<int64_t> at = sharded ? run.state_offsets(run.sharding().rank) : std::vector<int64_t>(state.size(), 0);
+  const std::vector<int64_t> whole = sharded ? run.state_offsets(run.sharding().world_size) : std::vector<int64_t>{};
+  for (size_t i = 0; i < state.size(); ++i) {
+    const StateTensor& s = state[i];
     const SafetensorsEntry* e = file.find(s.name);
     if (!e) fail("{}: no tensor {} for --optim {}", path, s.name, opt.name());
-    if (e->dtype != s.tensor.dtype || e->numel() != s.tensor.numel())
+    const int64_t expected = sharded ? whole[i] : s.tensor.numel();
+    if (e->dtype != s.tensor.dtype || e->numel() != expected)
       fail("{}: {} is {} of {} elements; this run's --optim {} keeps {} of {}", path, s.name, dtype_name(e->dtype),
-           e->numel(), opt.name(), dtype_name(s.tensor.dtype), s.tensor.numel());
+           e->numel(), opt.name(), dtype_name(s.tensor.dtype), expected);
     // A NaN moment would pass through every later update into the weights.
     if (const int64_t bad = first_non_finite(*e); bad >= 0)
       fail("{}: optimizer state '{}' is not finite at {} (a damaged file, or saved from a run that diverged)", path,
            s.name, element_index(e->shape, bad));
-    run.copy_from_host(e->data, s.tensor);
+    run.copy_from_host(static_cast<const std::byte*>(e->data) + at[i] * int64_t(dtype_size(e->dtype)), s.tensor);
   }
 }
 
@@ -207,7 +269,7 @@ void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles&
   run.read_weights(host.data());
   save_pretrained(tmp.string(), files.config, layout, host.data());
   if (files.tokenizer) files.tokenizer->save(tmp.string());
-  save_optimizer_state((tmp / "optimizer.safetensors").string(), run, state.global_step);
+  save_optimizer_state((tmp / "optimizer.safetensors").string(), dir, run, state.global_step);
   nlohmann::ordered_json sched;
   sched["lr_scheduler_type"] = a.lr_scheduler_type;
   const int64_t applied = state.global_step - run.skipped_steps();  // fp16 skips hold the schedule
@@ -245,6 +307,19 @@ void save_checkpoint(const std::string& dir, TrainingRun& run, const ModelFiles&
   if (ec) fail("cannot rename {} to {}: {}", tmp.string(), dir, ec.message());
   sync_directory(parent.empty() ? "." : parent.string());
   if (existed) fs::remove_all(old, ec);
+}
+
+void save_optimizer_share(const std::string& dir, TrainingRun& run) {
+  HONE_CHECK(run.sharding().sharded() && run.sharding().rank > 0, "an optimizer share from rank {} of {}",
+             run.sharding().rank, run.sharding().world_size);
+  const std::vector<StateTensor> state = run.optimizer().state();
+  std::vector<std::vector<std::byte>> bytes = host_state(run, state);
+  std::vector<NamedTensor> named;
+  for (size_t i = 0; i < state.size(); ++i)
+    named.push_back({state[i].name, Tensor{bytes[i].data(), state[i].tensor.dtype, state[i].tensor.shape, Device::CPU}});
+  std::error_code ec;
+  fs::create_directories(fs::path(dir).parent_path(), ec);  // before rank 0 has made it
+  write_safetensors(share_path(dir, run.sharding().rank), named, {{"format", "hone"}});
 }
 
 TrainerState load_checkpoint(const std::string& dir, TrainingRun& run) {

@@ -40,10 +40,7 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
   const int world = comm.world_size(), rank = comm.rank();
   const bool main_process = rank == 0;  // writes checkpoints
   const StepCounts sc = count_steps(a, ds.size(), world);
-  if (run.sharding().sharded() && (a.save_strategy != "no" || !a.resume_from_checkpoint.empty()))
-    fail("ZeRO stage {} over {} ranks keeps each rank's share of the optimizer state, and checkpoints of shared-out "
-         "state are not implemented yet: use --save_strategy no (the final model is still saved), or stage 0",
-         run.sharding().stage, world);
+
   const int B = a.per_device_train_batch_size;
   const int64_t GA = a.gradient_accumulation_steps;
   const int64_t eval_every = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
@@ -108,6 +105,10 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
     // The loss accumulated on the device since the last log belongs to the saved state.
     st.loss_since_log += run.take_loss_sum();
     st.total_flos = flos(run, st.tokens);
+    if (run.sharding().sharded()) {  // rank 0 writes the optimizer state of every rank's share
+      if (!main_process) save_optimizer_share(dir, run);
+      comm.barrier(run.backend());
+    }
     if (main_process) {
       save_checkpoint(dir, run, files, st, a, sc);
       notice("saved " + dir);

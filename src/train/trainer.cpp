@@ -329,6 +329,25 @@ void TrainingRun::distribute(Communicator& comm) {
   comm_ = &comm;
 }
 
+std::vector<int64_t> TrainingRun::state_offsets(int rank) const {
+  HONE_CHECK(sharding_.sharded() && rank >= 0 && rank <= sharding_.world_size, "state offsets of rank {}", rank);
+  std::vector<int64_t> at(optimizer_->state().size(), 0);
+  for (int r = 0; r < rank; ++r) {
+    // Rank r's optimizer, planned: its state tensors' sizes.
+    const ParamLayout shard = model_->layout().shard(bounds_[size_t(r)], bounds_[size_t(r) + 1]);
+    std::unique_ptr<Optimizer> theirs = make_optimizer(args_);
+    MemoryPlanner planner;
+    planner.begin_phase(Phase::Setup);
+    theirs->take_state(planner, shard);
+    planner.end_phase();
+    const std::vector<StateTensor> state = theirs->state();
+    HONE_CHECK(state.size() == at.size(), "rank {}'s optimizer keeps {} state tensors, this one {}", r, state.size(),
+               at.size());
+    for (size_t i = 0; i < at.size(); ++i) at[i] += state[i].tensor.numel();
+  }
+  return at;
+}
+
 void TrainingRun::reduce_group(Backend& be, int k) {
   if (shards_grads())
     comm_->reduce_sum(be, model_->grad(k), owner_[size_t(k)]);

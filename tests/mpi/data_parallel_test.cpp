@@ -2,7 +2,10 @@
 // over MPI gives the losses and weights of one process training the global batch.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <memory>
 
 #include "hone/cpu_backend.h"
@@ -148,6 +151,42 @@ TEST_F(DataParallel, ZeroShrinksEachRanksPlan) {
   EXPECT_EQ(state(zero2), state(zero1));
   EXPECT_LE(zero2.total_bytes(), zero1.total_bytes());
   EXPECT_LT(zero1.total_bytes(), zero0.total_bytes());
+}
+
+// A ZeRO checkpoint holds the whole optimizer state, joined by rank 0 from every rank's
+// share: one process resumes from it, and so do two ranks at stage 1 and at stage 2, each
+// continuing the uninterrupted run's losses.
+TEST_F(DataParallel, ZeroCheckpointsResumeOnAnyNumberOfRanksAndStages) {
+  const std::string dir = "/tmp/hone_mpi_zero_checkpoint_" + std::to_string(getppid());
+  CpuBackend be;
+  if (comm_->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  comm_->barrier(be);
+  const Trained whole = train_with(args(16, 1), nullptr);
+  TrainingArguments saving = args(8, 1);
+  saving.zero_stage = 1;
+  saving.output_dir = dir + "/zero1";
+  saving.save_strategy = "steps";
+  saving.save_steps = 2;
+  train_with(saving, comm_);
+  const std::string checkpoint = saving.output_dir + "/checkpoint-2";
+  ASSERT_TRUE(std::filesystem::exists(checkpoint + "/optimizer.safetensors"));
+  for (const auto& [ranks, stage] : {std::pair{1, 0}, std::pair{2, 1}, std::pair{2, 2}}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks at stage " + std::to_string(stage));
+    TrainingArguments resuming = args(16 / ranks, 1);
+    resuming.zero_stage = stage;
+    resuming.output_dir = dir + "/resumed";
+    resuming.resume_from_checkpoint = checkpoint;
+    const Trained resumed = train_with(resuming, ranks == 2 ? comm_ : nullptr);
+    ASSERT_EQ(resumed.losses.size(), 2u);  // steps 3 and 4
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(resumed.losses[i], whole.losses[i + 2], 1e-5 * whole.losses[i + 2]) << "step " << i + 3;
+    comm_->barrier(be);
+  }
+  comm_->barrier(be);
+  if (comm_->rank() == 0) std::filesystem::remove_all(dir);
 }
 
 TEST_F(DataParallel, ZeroStage2WithAccumulationIsAnError) {
