@@ -81,5 +81,40 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
   expect_two_gpus_equal_one("", 1e-4, "--zero_stage 2");
 }
 
+// A ZeRO-1 checkpoint of two GPUs resumes on one, continuing the uninterrupted run.
+TEST(DataParallelGpu, ZeroCheckpointResumesOnOneGpu) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
+  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  test::TempDir tmp;
+  BertConfig c = *builtin_config("bert-tiny");
+  c.hidden_size = 64;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 96;
+  c.max_position_embeddings = 64;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  const std::string model = test::save_random_model(tmp.path + "/model", c, 1);
+  const std::string common = "--model_name_or_path " + model +
+                             " --dataset synthetic:64x32 --num_train_epochs 2 --logging_steps 1 --learning_rate 1e-3";
+  const test::CommandResult whole = test::run_hone("train " + common + " --per_device_train_batch_size 16 "
+                                                   "--save_strategy no --output_dir " + tmp.path + "/whole");
+  ASSERT_EQ(whole.code, 0) << whole.out;
+  const test::CommandResult two = test::run_command(
+      std::string(HONE_BINARY) + " launch --nproc_per_node 2 train " + common +
+      " --per_device_train_batch_size 8 --zero_stage 1 --save_strategy steps --save_steps 3 --output_dir " + tmp.path +
+      "/two");
+  ASSERT_EQ(two.code, 0) << two.out;
+  const test::CommandResult resumed = test::run_hone("train " + common + " --per_device_train_batch_size 16 "
+                                                     "--save_strategy no --resume_from_checkpoint " + tmp.path +
+                                                     "/two/checkpoint-3 --output_dir " + tmp.path + "/resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.out;
+  const std::vector<double> expected = logged_losses(tmp.path + "/whole"), got = logged_losses(tmp.path + "/resumed");
+  ASSERT_EQ(expected.size(), 8u);
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], expected[i + 3], 1e-4 * expected[i + 3]) << "step " << i + 4;
+}
+
 }  // namespace
 }  // namespace hone
