@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "dist/rendezvous.h"
+#include "dist/watchdog.h"
 #include "hone/distributed.h"
 #include "hone/trainer.h"
 
@@ -120,6 +121,42 @@ TEST(Rendezvous, AMissingRankTimesOutWithAMessage) {
     EXPECT_NE(std::string(e.what()).find("only 1 of 3 ranks"), std::string::npos) << e.what();
   }
   unsetenv("HONE_COLLECTIVE_TIMEOUT");
+}
+
+// A collective that waits past the timeout stops the process with a message naming the
+// rank and the collective (a death test: the watchdog ends the process it guards).
+TEST(CollectiveWatchdogDeathTest, AStalledCollectiveStopsTheJobNamingTheRank) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        bool aborted = false;
+        CollectiveWatchdog w(
+            3, 1,
+            [](std::string* what, std::chrono::steady_clock::time_point* since) {
+              *what = "ncclAllReduce";
+              *since = std::chrono::steady_clock::now() - std::chrono::seconds(2);
+              return true;
+            },
+            [&] { aborted = true; });
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::exit(aborted ? 2 : 3);  // not reached: the watchdog exits first
+      },
+      ::testing::ExitedWithCode(1), "rank 3: ncclAllReduce has waited 2 s .*another rank has died or hung");
+}
+
+TEST(CollectiveWatchdog, CollectivesThatFinishInTimeAreLeftAlone) {
+  int polls = 0;
+  {
+    CollectiveWatchdog w(
+        0, 1,
+        [&](std::string*, std::chrono::steady_clock::time_point*) {
+          ++polls;
+          return false;  // nothing in flight
+        },
+        [] { FAIL() << "aborted"; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  }
+  EXPECT_GE(polls, 1);
 }
 
 TEST(DataParallelSteps, EachMicroStepTakesABatchPerRank) {
