@@ -2,11 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <CLI/CLI.hpp>
 #include <fmt/ranges.h>
 
 #include "hone/error.h"
 #include "hone/optimizer.h"
+#include "test_util.h"
 #include "train/arguments_cli.h"
 
 namespace hone {
@@ -260,6 +263,19 @@ TEST(Arguments, SyntheticDataset) {
       EXPECT_NE(std::string(e.what()).find("N >= 1 and L >= 2"), std::string::npos) << e.what();
     }
   }
+}
+
+// ZeRO's stage: 0, 1 or 2, from the flag or a DeepSpeed file, and the two must agree.
+TEST(Arguments, ZeroStageIsCheckedAndTakenFromADeepSpeedFile) {
+  EXPECT_EQ(parse_training_arguments({"--zero_stage", "2"}).zero_stage, 2);
+  for (const char* bad : {"3", "-1"})
+    EXPECT_NE(parse_error({"--zero_stage", bad}).find("--zero_stage"), std::string::npos) << bad;
+  test::TempDir tmp;
+  const std::string ds = tmp.path + "/ds.json";
+  std::ofstream(ds) << R"({"zero_optimization": {"stage": 1}})";
+  EXPECT_EQ(parse_training_arguments({"--deepspeed", ds}).zero_stage, 1);
+  const std::string e = parse_error({"--deepspeed", ds, "--zero_stage", "2"});
+  EXPECT_NE(e.find("--zero_stage 2 and " + ds + "'s zero_optimization.stage 1 disagree"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -13,16 +13,6 @@ namespace {
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
 
-std::vector<double> logged_losses(const std::string& out) {
-  std::vector<double> losses;
-  std::ifstream log(out + "/trainer_log.jsonl");
-  for (std::string line; std::getline(log, line);) {
-    const nlohmann::json e = nlohmann::json::parse(line);
-    if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
-  }
-  return losses;
-}
-
 bool can_launch_mpi(std::string* why) {
   if (!have_mpi()) {
     *why = "this build has no MPI (install libopenmpi-dev and openmpi-bin)";
@@ -33,16 +23,6 @@ bool can_launch_mpi(std::string* why) {
     return false;
   }
   return true;
-}
-
-// A small model without dropout: the same function on every rank count.
-std::string dropout_free_model(const std::string& dir) {
-  BertConfig c = *builtin_config("bert-tiny");
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.max_position_embeddings = 64;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
-  return test::save_random_model(dir, c, 1);
 }
 
 // On `ranks` processes with the global batch of 8 (hone launch when ranks > 1).
@@ -57,7 +37,7 @@ TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
   std::string why;
   if (!can_launch_mpi(&why)) GTEST_SKIP() << why;
   test::TempDir tmp;
-  const std::string model = dropout_free_model(tmp.path + "/model");
+  const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 32, 48);
   const std::string common = "--model_name_or_path " + model +
                              " --dataset synthetic:32x16 --num_train_epochs 2 --logging_steps 1 --device cpu"
                              " --learning_rate 1e-3 --save_strategy no";
@@ -69,7 +49,7 @@ TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
                                                     tmp.path + "/two");
   ASSERT_EQ(two.code, 0) << two.out;
   EXPECT_NE(two.out.find("x 2 ranks (data parallel, mpi, started by mpirun)"), std::string::npos) << two.out;
-  const std::vector<double> a = logged_losses(tmp.path + "/one"), b = logged_losses(tmp.path + "/two");
+  const std::vector<double> a = test::logged_losses(tmp.path + "/one"), b = test::logged_losses(tmp.path + "/two");
   ASSERT_EQ(a.size(), 8u);  // 2 epochs of 32 rows in global batches of 8
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
@@ -78,7 +58,7 @@ TEST(Launch, TwoCpuRanksTrainAsOneProcessWithTwiceTheBatch) {
   EXPECT_NEAR(r["train_loss"].get<double>(), read_json(tmp.path + "/one/train_results.json")["train_loss"].get<double>(),
               1e-5);
   // One log, written by rank 0 alone (a second writer would double its lines).
-  EXPECT_EQ(logged_losses(tmp.path + "/two").size(), 8u);
+  EXPECT_EQ(test::logged_losses(tmp.path + "/two").size(), 8u);
 }
 
 // A checkpoint that rank 0 wrote for two ranks resumes on one process and the other way
@@ -87,13 +67,13 @@ TEST(Launch, ResumesOnAnotherNumberOfRanks) {
   std::string why;
   if (!can_launch_mpi(&why)) GTEST_SKIP() << why;
   test::TempDir tmp;
-  const std::string model = dropout_free_model(tmp.path + "/model");
+  const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 32, 48);
   const std::string common = "--model_name_or_path " + model +
                              " --dataset synthetic:32x16 --num_train_epochs 2 --logging_steps 1 --device cpu"
                              " --learning_rate 1e-3 --output_dir ";
   const test::CommandResult whole = train_on(1, common + tmp.path + "/whole --save_strategy no");
   ASSERT_EQ(whole.code, 0) << whole.out;
-  const std::vector<double> expected = logged_losses(tmp.path + "/whole");
+  const std::vector<double> expected = test::logged_losses(tmp.path + "/whole");
   ASSERT_EQ(expected.size(), 8u);
   for (const auto& [first, second] : {std::pair{2, 1}, std::pair{1, 2}}) {
     SCOPED_TRACE(std::to_string(first) + " ranks, then " + std::to_string(second));
@@ -104,7 +84,7 @@ TEST(Launch, ResumesOnAnotherNumberOfRanks) {
     const test::CommandResult b = train_on(second, common + second_out + " --save_strategy no --resume_from_checkpoint " +
                                                        first_out + "/checkpoint-3");
     ASSERT_EQ(b.code, 0) << b.out;
-    const std::vector<double> got = logged_losses(second_out);  // steps 4 to 8
+    const std::vector<double> got = test::logged_losses(second_out);  // steps 4 to 8
     ASSERT_EQ(got.size(), 5u);
     for (size_t i = 0; i < got.size(); ++i)
       EXPECT_NEAR(got[i], expected[i + 3], 1e-5 * expected[i + 3]) << "step " << i + 4;

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace hone::test {
 
@@ -88,6 +90,25 @@ std::string save_random_model(const std::string& dir, const BertConfig& c, uint6
   init_weights(c, layout, w.data(), seed);
   save_pretrained(dir, c, layout, w.data());
   return dir;
+}
+
+std::string save_dropout_free_tiny_model(const std::string& dir, int hidden, int intermediate) {
+  BertConfig c = *builtin_config("bert-tiny");
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.max_position_embeddings = 64;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  return save_random_model(dir, c, 1);
+}
+
+std::vector<double> logged_losses(const std::string& output_dir) {
+  std::vector<double> losses;
+  std::ifstream log(output_dir + "/trainer_log.jsonl");
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json e = nlohmann::json::parse(line);
+    if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
+  }
+  return losses;
 }
 
 CommandResult run_command(const std::string& cmd) {

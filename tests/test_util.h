@@ -56,6 +56,12 @@ std::string fixtures_dir();
 // weights initialised from `seed`; returns dir.
 std::string save_random_model(const std::string& dir, const BertConfig& c, uint64_t seed);
 
+// bert-tiny's configuration at this hidden and intermediate size, without dropout (the same
+// function on any number of ranks), saved as save_random_model does; returns dir.
+std::string save_dropout_free_tiny_model(const std::string& dir, int hidden, int intermediate);
+// The "loss" of every line of output_dir/trainer_log.jsonl, in order.
+std::vector<double> logged_losses(const std::string& output_dir);
+
 // Runs a shell command; its stdout and stderr together, and its exit code (-1 if it did
 // not exit normally).
 struct CommandResult {

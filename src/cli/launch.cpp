@@ -81,13 +81,7 @@ int launch_mpi(const LaunchOptions& o, const std::vector<std::string>& command) 
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
   setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
   std::vector<std::string> argv = {"mpiexec", "-n", std::to_string(o.nproc_per_node), "--oversubscribe",
-                                   "--bind-to", "none"};
-  // The cores shared out among the ranks, as torchrun leaves OMP_NUM_THREADS to the user.
-  if (!std::getenv("OMP_NUM_THREADS")) {
-    const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / o.nproc_per_node);
-    argv.insert(argv.end(), {"-x", fmt::format("OMP_NUM_THREADS={}", cores)});
-  }
-  argv.push_back(self_path());
+                                   "--bind-to", "none", "-x", "OMP_NUM_THREADS", self_path()};
   argv.insert(argv.end(), command.begin(), command.end());
   std::fflush(stdout);
   exec(argv);
@@ -99,6 +93,10 @@ int launch_command(const LaunchOptions& o, const std::vector<std::string>& comma
   if (o.nproc_per_node < 1) fail("hone launch: --nproc_per_node {} (at least 1)", o.nproc_per_node);
   if (command.empty() || command[0] != "train")
     fail("hone launch runs `hone train ...` on several processes: give `train` and its flags after launch's own");
+  // Each rank's threads: its share of this machine's cores, unless the user said otherwise
+  // (torchrun sets 1; hone's CPU work and host-side updates use more).
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / o.nproc_per_node);
+  setenv("OMP_NUM_THREADS", std::to_string(cores).c_str(), 0);
   if (on_cpu(command)) return launch_mpi(o, command);
   const int port = o.master_port > 0 ? o.master_port : free_port();
   const std::string self = self_path();
@@ -126,10 +124,6 @@ int launch_command(const LaunchOptions& o, const std::vector<std::string>& comma
       setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       setenv("NCCL_NVLS_ENABLE", "0", 0);
-      if (!std::getenv("OMP_NUM_THREADS")) {
-        const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / o.nproc_per_node);
-        setenv("OMP_NUM_THREADS", std::to_string(cores).c_str(), 1);
-      }
       std::vector<std::string> argv = {self};
       argv.insert(argv.end(), command.begin(), command.end());
       exec(argv);

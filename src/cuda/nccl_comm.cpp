@@ -49,10 +49,10 @@ class NcclCommunicator final : public Communicator {
     std::memcpy(&id, shared.data(), sizeof id);
     HONE_CUDA_CHECK(cudaSetDevice(be.device_index()));
     HONE_NCCL_CHECK(ncclCommInitRank(&comm_, g.world_size, id, g.rank));
-    int least = 0;
-    HONE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest_));
+    int least = 0, greatest = 0;
+    HONE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     // High priority: a reduction's blocks go first once backward has left SMs free.
-    HONE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest_));
+    HONE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     for (cudaEvent_t& e : events_) HONE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     for (cudaEvent_t* e : {&fork_, &join_}) HONE_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     HONE_CUDA_CHECK(cudaMalloc(&word_, sizeof(float)));
@@ -147,7 +147,6 @@ class NcclCommunicator final : public Communicator {
   static constexpr size_t kEvents = 512;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  int greatest_ = 0;  // the highest stream priority
   cudaEvent_t events_[kEvents] = {};
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // compute -> collectives, collectives -> compute
   float* word_ = nullptr;

@@ -610,6 +610,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   HONE_CHECK(!step_open_, "with step-scoped gradients, each micro_step must be followed by optimizer_step");
   // Before the phase opens, so that a refused batch leaves the run usable.
   if (!be_.dry_run) validate_batch(ids, mask, types, labels, batch, seq);
+  HONE_CHECK(be_.dry_run || comm_->world_size() == sharding_.world_size,
+             "a run planned for {} ranks trains without distribute()", sharding_.world_size);
   last_micro_ = nullptr;
   last_micro_mode_ = StepMode::Eager;
   drop_sent_grads();

@@ -15,16 +15,6 @@
 namespace hone {
 namespace {
 
-std::vector<double> logged_losses(const std::string& out) {
-  std::vector<double> losses;
-  std::ifstream log(out + "/trainer_log.jsonl");
-  for (std::string line; std::getline(log, line);) {
-    const nlohmann::json e = nlohmann::json::parse(line);
-    if (e.contains("loss")) losses.push_back(e["loss"].get<double>());
-  }
-  return losses;
-}
-
 int gpus() {
   const test::CommandResult r = test::run_command("nvidia-smi -L 2>/dev/null | grep -c '^GPU'");
   return r.code == 0 ? std::atoi(r.out.c_str()) : 0;
@@ -36,13 +26,7 @@ void expect_two_gpus_equal_one(const std::string& precision, double tolerance, c
   if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
   if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
   test::TempDir tmp;
-  BertConfig c = *builtin_config("bert-tiny");
-  c.hidden_size = 64;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 96;
-  c.max_position_embeddings = 64;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;  // the same function on every rank count
-  const std::string model = test::save_random_model(tmp.path + "/model", c, 1);
+  const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
   const std::string common = "--model_name_or_path " + model +
                              " --dataset synthetic:64x32 --num_train_epochs 2 --logging_steps 1 --learning_rate 1e-3"
                              " --save_strategy no " + precision;
@@ -55,7 +39,7 @@ void expect_two_gpus_equal_one(const std::string& precision, double tolerance, c
   ASSERT_EQ(two.code, 0) << two.out;
   EXPECT_NE(two.out.find("x 2 ranks (data parallel"), std::string::npos) << two.out;
   EXPECT_NE(two.out.find("nccl, started by torchrun)"), std::string::npos) << two.out;
-  const std::vector<double> a = logged_losses(tmp.path + "/one"), b = logged_losses(tmp.path + "/two");
+  const std::vector<double> a = test::logged_losses(tmp.path + "/one"), b = test::logged_losses(tmp.path + "/two");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tolerance * std::abs(a[i])) << "step " << i + 1;
@@ -88,13 +72,7 @@ TEST(DataParallelGpu, ZeroCheckpointResumesOnOneGpu) {
   if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
   if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
   test::TempDir tmp;
-  BertConfig c = *builtin_config("bert-tiny");
-  c.hidden_size = 64;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 96;
-  c.max_position_embeddings = 64;
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
-  const std::string model = test::save_random_model(tmp.path + "/model", c, 1);
+  const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
   const std::string common = "--model_name_or_path " + model +
                              " --dataset synthetic:64x32 --num_train_epochs 2 --logging_steps 1 --learning_rate 1e-3";
   const test::CommandResult whole = test::run_hone("train " + common + " --per_device_train_batch_size 16 "
@@ -109,7 +87,7 @@ TEST(DataParallelGpu, ZeroCheckpointResumesOnOneGpu) {
                                                      "--save_strategy no --resume_from_checkpoint " + tmp.path +
                                                      "/two/checkpoint-3 --output_dir " + tmp.path + "/resumed");
   ASSERT_EQ(resumed.code, 0) << resumed.out;
-  const std::vector<double> expected = logged_losses(tmp.path + "/whole"), got = logged_losses(tmp.path + "/resumed");
+  const std::vector<double> expected = test::logged_losses(tmp.path + "/whole"), got = test::logged_losses(tmp.path + "/resumed");
   ASSERT_EQ(expected.size(), 8u);
   ASSERT_EQ(got.size(), 5u);
   for (size_t i = 0; i < got.size(); ++i)
