@@ -102,14 +102,20 @@ class BertForSequenceClassification {
   const ParamLayout& layout() const { return layout_; }
   bool regression() const { return regression_; }
 
-  // Takes the flat F32 parameter buffer (setup phase) and, unless gradients are
-  // step-scoped, one flat F32 gradient buffer whose groups grad(k) are slices. With a
+  // Takes the flat F32 parameter buffer (setup phase) and one flat F32 gradient buffer for
+  // the groups whose gradients persist between micro-steps (persistent_grads, a contiguous
+  // run of groups), whose grad(k) are slices of it; the other groups' gradients are
+  // step-scoped, taken in backward (take_grads) and released after the update. With a
   // half-precision compute dtype the parameters are the master weights and forward and
   // backward read a copy in that dtype (Category::Weights), which the optimizer rewrites.
   // master: where those master weights live (Category::HostMasterWeights when the
   // optimizer is offloaded to the host). Without keep_master (a run that only infers), a
   // mixed-precision model keeps its weights in the compute dtype alone.
-  void bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute = DType::F32,
+  struct GroupRange {
+    int first = 0, end = 0;  // [first, end)
+    bool contains(int k) const { return k >= first && k < end; }
+  };
+  void bind_parameters(BufferSource& mem, GroupRange persistent_grads, DType compute = DType::F32,
                        Category master = Category::MasterWeights, bool keep_master = true);
   Tensor& weights() { return weights_; }  // the F32 parameters (empty: none kept)
   // What forward and backward read: the parameters, or their half-precision copy.
@@ -224,7 +230,7 @@ class BertForSequenceClassification {
   Tensor g3(const ParamEntry* e, int64_t rows, int64_t cols) const {
     return slice(group_grads_[size_t(e->group)], e->offset - layout_.groups()[size_t(e->group)].begin, {rows, cols});
   }
-  // Step-scoped: takes group k's gradient buffer, zeroed, just before its backward.
+  // A step-scoped group: takes its gradient buffer, zeroed, just before its backward.
   void take_grads(Backend& be, BufferSource& mem, int k);
   void group_grads_done(Backend& be, BufferSource& mem, int k) {
     if (group_done_) group_done_(be, mem, k);
@@ -244,7 +250,7 @@ class BertForSequenceClassification {
   Tensor weights_;       // F32 parameters (the master weights under mixed precision)
   Tensor half_weights_;  // their compute-dtype copy under mixed precision
   DType compute_ = DType::F32;
-  bool step_scoped_grads_ = false;
+  GroupRange persistent_grads_;
   Checkpointing checkpointing_ = Checkpointing::None;
   std::vector<Tensor> group_grads_;
   std::vector<Saved> saved_;  // one per layer, refilled by each forward pass

@@ -47,7 +47,7 @@ struct StepCounts {
 StepCounts count_steps(const TrainingArguments& a, int64_t dataset_size, int world_size = 1);
 
 // Where parameter gradients live. Persistent: one buffer for the whole run, needed when
-// gradients accumulate over micro-steps. StepScoped (one micro-step per update): each
+// gradients accumulate over micro-steps (under ZeRO stage 2, for this rank's groups only). StepScoped (one micro-step per update): each
 // parameter group's gradients are taken, zeroed, just before its backward and released
 // after the optimizer step, in the activations' arena, so they reuse the bytes of
 // activations that backward has already consumed. Then each micro_step() must be
@@ -69,9 +69,11 @@ struct RunPhases {
 
 // How data-parallel ranks share the training state (ZeRO). Stage 0: every rank keeps
 // everything. Stage 1: each rank keeps the optimizer state of a contiguous run of parameter
-// groups (shard_bounds) and updates only those; the owners then broadcast the updated
-// weights. Stage 2: each group's summed gradients also live only on its owner: the others
-// release them as soon as they are sent (step-scoped gradients, so no accumulation).
+// groups (shard_bounds), and under mixed precision their fp32 master weights, and updates
+// only those; the owners then broadcast the updated weights (the half-precision copy, or
+// the fp32 parameters of an fp32 run). Stage 2: each group's summed gradients also live
+// only on its owner: the others release them as soon as they are sent (with accumulation,
+// every micro-step's are reduced into the owner's, the only ones that persist).
 struct Sharding {
   int world_size = 1, rank = 0, stage = 0;
   bool sharded() const { return world_size > 1 && stage > 0; }
@@ -109,7 +111,8 @@ class TrainingRun {
   // shares, in rank order, are the whole), and (r = world size) the whole's size.
   std::vector<int64_t> state_offsets(int rank) const;
   Communicator& communicator() { return *comm_; }
-  // Every rank's weights (and half copies) become root's.
+  // Every rank's weights (and half copies) become root's. With sharded master weights, the
+  // half copy becomes root's and each rank keeps its master shard (all loaded the same).
   void broadcast_weights(int root = 0);
   // Whether any rank says yes (a collective: every rank asks at the same update).
   bool any_rank(bool mine);
@@ -119,10 +122,15 @@ class TrainingRun {
   PlannedMemory& memory() { return *mem_; }
   float* host_weights();  // the flat weight buffer itself (CPU backend only)
   // Copies between the flat parameter buffers and host memory of layout().count() floats.
+  // When the master weights are sharded (master_sharded()) read_weights is a collective:
+  // every rank calls it, and those that pass nullptr only send their share.
   void write_weights(const float* host);
   void read_weights(float* host);
+  // ZeRO under mixed precision: each rank keeps the fp32 master weights of its shard alone.
+  bool master_sharded() const { return master_sharded_; }
   // save_pretrained of the weights, streamed from the device in page-locked chunks so that
-  // copying one overlaps writing the last, without a host copy of the whole model.
+  // copying one overlaps writing the last, without a host copy of the whole model (with
+  // sharded master weights, gathered by read_weights: the other ranks call it meanwhile).
   void save_model(const std::string& dir, int64_t chunk_floats = int64_t(16) << 20);
   // Random weights as init_weights (hone/weights.h) writes them on the host, bit for bit,
   // drawn on the backend's device: nothing to draw on one core or to copy.
@@ -238,6 +246,13 @@ class TrainingRun {
   std::unique_ptr<ParamLayout> shard_layout_;
   std::vector<Tensor> shard_grads_;
   bool shards_grads() const { return sharding_.sharded() && sharding_.stage == 2; }
+  // Sharded master weights: this rank's groups' fp32 parameters, and a buffer that carries
+  // the weights between ranks (or up from the host) in chunks.
+  bool master_sharded_ = false;
+  Tensor master_shard_, weights_staging_;
+  Tensor rank_range(const Tensor& flat, int rank) const;  // rank's groups of a flat buffer
+  Tensor master() const { return master_sharded_ ? master_shard_ : model_->weights(); }
+  void share_updated_weights();  // each owner's updated weights to every rank
   bool keeps_grads(int group) const { return !shards_grads() || owner_[size_t(group)] == sharding_.rank; }
   void reduce_group(Backend& be, int group);  // all-reduce, or (stage 2) a reduce to its owner
   void reduce_grads();  // those not summed in backward, then the compute stream waits for all

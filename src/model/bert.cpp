@@ -101,7 +101,7 @@ BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c
   saved_.resize(c.num_hidden_layers);
 }
 
-void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step_scoped_grads, DType compute,
+void BertForSequenceClassification::bind_parameters(BufferSource& mem, GroupRange persistent_grads, DType compute,
                                                    Category master, bool keep_master) {
   compute_ = compute;
   if (mixed()) {
@@ -111,18 +111,25 @@ void BertForSequenceClassification::bind_parameters(BufferSource& mem, bool step
   } else {
     weights_ = mem.take(Category::Weights, "parameters", -1, DType::F32, {layout_.count()});
   }
-  step_scoped_grads_ = step_scoped_grads;
-  group_grads_.assign(layout_.groups().size(), Tensor{});
-  if (step_scoped_grads) return;
-  Tensor flat = mem.take(Category::Gradients, "parameter_grads", -1, DType::F32, {layout_.count()});
-  for (size_t k = 0; k < group_grads_.size(); ++k) {
-    const ParamGroup& g = layout_.groups()[k];
-    group_grads_[k] = slice(flat, g.begin, {g.size()});
+  const std::vector<ParamGroup>& groups = layout_.groups();
+  HONE_CHECK(persistent_grads.first >= 0 && persistent_grads.first <= persistent_grads.end &&
+                 persistent_grads.end <= int(groups.size()),
+             "persistent gradients of groups [{}, {}) of {}", persistent_grads.first, persistent_grads.end,
+             groups.size());
+  persistent_grads_ = persistent_grads;
+  group_grads_.assign(groups.size(), Tensor{});
+  if (persistent_grads.first == persistent_grads.end) return;
+  const int64_t base = groups[size_t(persistent_grads.first)].begin;
+  Tensor flat = mem.take(Category::Gradients, "parameter_grads", -1, DType::F32,
+                         {groups[size_t(persistent_grads.end - 1)].end - base});
+  for (int k = persistent_grads.first; k < persistent_grads.end; ++k) {
+    const ParamGroup& g = groups[size_t(k)];
+    group_grads_[size_t(k)] = slice(flat, g.begin - base, {g.size()});
   }
 }
 
 void BertForSequenceClassification::take_grads(Backend& be, BufferSource& mem, int k) {
-  if (!step_scoped_grads_) return;
+  if (persistent_grads_.contains(k)) return;
   Tensor& t = group_grads_[size_t(k)];
   t = mem.take(Category::Gradients, "group_grads", k, DType::F32, {layout_.groups()[size_t(k)].size()});
   ops::fill(be, t, 0.0f);
@@ -149,9 +156,8 @@ ParamLayout ParamLayout::shard(int first, int end) const {
 }
 
 void BertForSequenceClassification::release_grads(BufferSource& mem) {
-  if (!step_scoped_grads_) return;
-  for (Tensor& t : group_grads_)
-    if (t.data) mem.release(t);
+  for (int k = 0; k < num_groups(); ++k)
+    if (!persistent_grads_.contains(k) && group_grads_[size_t(k)].data) mem.release(group_grads_[size_t(k)]);
 }
 
 Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, Shape s) {

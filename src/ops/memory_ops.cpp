@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "hone/cpu_backend.h"
+#include "hone/dtype.h"
 #include "hone/memory.h"
 #include "hone/normal.h"
 #include "hone/ops.h"
@@ -34,9 +35,12 @@ void copy(Backend& be, const Tensor& src, Tensor& dst) {
   be.copy(src, dst);
 }
 
+// Rounding is not computing in half precision: the CPU rounds as the GPU does, so that
+// weights move between the precisions (and the ranks) on either backend.
 void cast(Backend& be, const Tensor& src, Tensor& dst) {
   detail::expect_dtype("cast", "src", src, DType::F32);
-  detail::expect_compute(be, "cast", "dst", dst);
+  if (dst.dtype != DType::F32 && dst.dtype != DType::BF16 && dst.dtype != DType::F16)
+    fail("cast: dst has dtype {}, expected F32, BF16 or F16", dtype_name(dst.dtype));
   if (src.numel() != dst.numel())
     fail("cast: src has {} elements ({}), dst {} ({})", src.numel(), src.shape.str(), dst.numel(), dst.shape.str());
   if (be.dry_run) return;
@@ -125,6 +129,13 @@ void CpuBackend::read(const Tensor& src, float* host, size_t n) {
 }
 
 // Only ever F32 to F32 here (expect_compute keeps half tensors off the CPU backend).
-void CpuBackend::cast(const Tensor& src, Tensor& dst) { copy(src, dst); }
+void CpuBackend::cast(const Tensor& src, Tensor& dst) {
+  if (dst.dtype == DType::F32) return copy(src, dst);
+  const float* x = src.f32();
+  uint16_t* y = static_cast<uint16_t*>(dst.data);
+  uint16_t (*round)(float) = dst.dtype == DType::BF16 ? float_to_bf16 : float_to_f16;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < src.numel(); ++i) y[i] = round(x[i]);
+}
 
 }  // namespace hone

@@ -109,6 +109,9 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
       if (!main_process) save_optimizer_share(dir, run);
       comm.barrier(run.backend());
     }
+    // Sharded master weights reach rank 0 through a collective that its save_checkpoint
+    // starts: the others take part here.
+    if (!main_process && run.master_sharded()) run.read_weights(nullptr);
     if (main_process) {
       save_checkpoint(dir, run, files, st, a, sc);
       notice("saved " + dir);

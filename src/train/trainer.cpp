@@ -86,8 +86,8 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
       optimizer_(make_optimizer(a)),
       own_comm_(make_single_communicator()),
       comm_(own_comm_.get()),
-      offload_(a.offload_optimizer && phases.train),
-      sharding_(sharding) {
+      sharding_(sharding),
+      offload_(a.offload_optimizer && phases.train) {
   if (seq_len > c.max_position_embeddings)
     fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
          c.max_position_embeddings);
@@ -119,8 +119,8 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
     host_labels_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_staging_) + labels_at);
     optimizer_->reset_state(offload_ ? *host_be_ : be_);
     for (Tensor* t : {&loss_sum_, &norm_coef_}) ops::fill(be_, *t, 0.0f);
-    if (!scoped_grads_)
-      for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+    for (int k = 0; k < model_->num_groups(); ++k)  // the persistent ones
+      if (model_->grad(k).data) ops::fill(be_, model_->grad(k), 0.0f);
     if (loss_scaling()) {
       scaler_host_ = static_cast<float*>(be_.allocate_host(3 * sizeof(float)));
       set_scaler_state({LossScaling{}.init_scale, 0, 0});
@@ -175,11 +175,24 @@ MemoryPlan TrainingRun::record_plan() {
 }
 
 void TrainingRun::setup(BufferSource& mem) {
-  // Without training, no gradient buffer is ever taken (as with step-scoped ones).
   // A run that only infers keeps no master weights: its half-precision copy is the model.
-  model_->bind_parameters(mem, scoped_grads_ || !phases_.train, compute_dtype(args_),
-                          offload_ ? Category::HostMasterWeights : Category::MasterWeights, phases_.train);
+  // Without training no gradient is ever taken; accumulated ones persist (under ZeRO stage
+  // 2 only this rank's groups': the others' go to their owners each micro-step).
+  BertForSequenceClassification::GroupRange persistent;
+  if (phases_.train && !scoped_grads_)
+    persistent = shards_grads() ? BertForSequenceClassification::GroupRange{bounds_[size_t(sharding_.rank)],
+                                                                            bounds_[size_t(sharding_.rank) + 1]}
+                                : BertForSequenceClassification::GroupRange{0, model_->num_groups()};
+  model_->bind_parameters(mem, persistent, compute_dtype(args_),
+                          offload_ ? Category::HostMasterWeights : Category::MasterWeights,
+                          phases_.train && !master_sharded_);
   if (!phases_.train) return;
+  if (master_sharded_) {
+    master_shard_ = mem.take(Category::MasterWeights, "parameters_shard", -1, DType::F32, {shard_layout_->count()});
+    const int64_t chunk = int64_t(4) << 20;  // 16 MiB a collective: large enough to run at NVLink's speed
+    weights_staging_ = mem.take(Category::Workspace, "weights_staging", -1, DType::F32,
+                                {std::min(chunk, model_->layout().count())});
+  }
   if (offload_) {
     HostCategories host(mem);
     optimizer_->take_state(host, model_->layout());
@@ -231,6 +244,8 @@ void TrainingRun::setup(BufferSource& mem) {
 float* TrainingRun::host_weights() {
   HONE_CHECK(be_.device() == Device::CPU, "host_weights on a {} backend", be_.name());
   HONE_CHECK(!host_master_.data, "host_weights with an offloaded optimizer: write_weights keeps its master copy");
+  HONE_CHECK(!master_sharded_, "host_weights of a run whose master weights are sharded over {} ranks",
+             sharding_.world_size);
   return model_->weights().f32();
 }
 
@@ -271,6 +286,22 @@ void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const 
 }
 
 void TrainingRun::write_weights(const float* host) {
+  if (master_sharded_) {
+    // This rank's master shard, and the half copy of every weight rounded on the device
+    // (as cast rounds), the host's weights going up a chunk at a time.
+    const int64_t base = model_->layout().groups()[size_t(bounds_[size_t(sharding_.rank)])].begin;
+    ops::copy(be_, host_tensor(host + base, DType::F32, master_shard_.shape), master_shard_);
+    const Tensor& half = model_->compute_weights();
+    const int64_t n = half.numel(), chunk = weights_staging_.numel();
+    for (int64_t at = 0; at < n; at += chunk) {
+      const int64_t m = std::min(chunk, n - at);
+      Tensor staging = weights_staging_.rows(0, m), dst = half.rows(at, at + m);
+      ops::copy(be_, host_tensor(host + at, DType::F32, {m}), staging);
+      ops::cast(be_, staging, dst);
+    }
+    be_.synchronize();
+    return;
+  }
   if (!model_->weights().data) {  // inference only, in half precision: rounded here, as cast rounds
     const Tensor& dst = model_->compute_weights();
     std::vector<uint16_t> rounded(size_t(dst.numel()));
@@ -299,10 +330,6 @@ void TrainingRun::plan_ranks() {
              s.rank, s.world_size, s.stage);
   if (offload_)
     fail("--offload_optimizer (ZeRO-Offload) runs on one GPU: with {} ranks, leave it out", s.world_size);
-  if (s.sharded() && s.stage == 2 && !scoped_grads_)
-    fail("ZeRO stage 2 keeps each rank's share of the gradients between micro-steps only without gradient "
-         "accumulation (--gradient_accumulation_steps {}): use stage 1, or accumulation 1",
-         args_.gradient_accumulation_steps);
   const ParamLayout& layout = model_->layout();
   bounds_ = shard_bounds(layout, s.world_size);
   owner_.assign(layout.groups().size(), 0);
@@ -311,6 +338,9 @@ void TrainingRun::plan_ranks() {
   if (s.sharded()) {
     shard_layout_ = std::make_unique<ParamLayout>(layout.shard(bounds_[size_t(s.rank)], bounds_[size_t(s.rank) + 1]));
     shard_grads_.reserve(shard_layout_->groups().size());
+    // Forward reads the half copy alone, so the fp32 master weights shard with the
+    // optimizer state (as DeepSpeed's stage 1 does); an fp32 run's weights are what forward reads.
+    master_sharded_ = compute_dtype(args_) != DType::F32;
   }
   model_->on_group_grads_done([this](Backend& be, BufferSource& m, int k) {
     if (reducing_grads_) reduce_group(be, k);
@@ -357,10 +387,11 @@ void TrainingRun::reduce_group(Backend& be, int k) {
 
 void TrainingRun::broadcast_weights(int root) {
   if (!comm_->group().distributed()) return;
+  const bool master_too = model_->weights().data && model_->mixed();
   Tensor& w = model_->weights().data ? model_->weights() : model_->compute_weights();
   comm_->broadcast(be_, w, root);
   comm_->wait_collectives(be_);
-  if (model_->weights().data && model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  if (master_too) ops::cast(be_, model_->weights(), model_->compute_weights());
   be_.synchronize();
 }
 
@@ -383,44 +414,51 @@ void TrainingRun::reduce_grads() {
   grads_reduced_ = false;
 }
 
+Tensor TrainingRun::rank_range(const Tensor& flat, int r) const {
+  const std::vector<ParamGroup>& groups = model_->layout().groups();
+  return flat.rows(groups[size_t(bounds_[size_t(r)])].begin, groups[size_t(bounds_[size_t(r) + 1] - 1)].end);
+}
+
 void TrainingRun::update_shard(BufferSource& mem) {
-  const ParamLayout& layout = model_->layout();
   const int first = bounds_[size_t(sharding_.rank)], end = bounds_[size_t(sharding_.rank) + 1];
   shard_grads_.clear();
   for (int k = first; k < end; ++k) shard_grads_.push_back(model_->grad(k));
-  auto range = [&](const Tensor& flat, int r) {
-    return flat.rows(layout.groups()[size_t(bounds_[size_t(r)])].begin,
-                     layout.groups()[size_t(bounds_[size_t(r) + 1] - 1)].end);
-  };
-  const bool mixed = model_->mixed();
   const OptimizerTarget target{*shard_layout_,
-                               range(model_->weights(), sharding_.rank),
-                               mixed ? range(model_->compute_weights(), sharding_.rank) : Tensor{},
+                               master_sharded_ ? master_shard_ : rank_range(model_->weights(), sharding_.rank),
+                               master_sharded_ ? rank_range(model_->compute_weights(), sharding_.rank) : Tensor{},
                                shard_grads_,
                                norm_coef_,
                                optimizer_scalars_};
   optimizer_->update(be_, mem, target);
-  // Every rank's updated master weights from their owners; the half copies of others'
-  // shards are rounded here, as the owners' update rounded theirs.
+  share_updated_weights();
+}
+
+// What forward reads goes from each owner to every rank: the half copy its update rounded
+// (half the bytes of the master weights, which stay with their owner), or an fp32 run's
+// parameters.
+void TrainingRun::share_updated_weights() {
+  if (be_.dry_run) return;
   for (int r = 0; r < sharding_.world_size; ++r) {
-    Tensor w = range(model_->weights(), r);
-    if (!be_.dry_run) comm_->broadcast(be_, w, r);
+    Tensor w = rank_range(model_->compute_weights(), r);
+    comm_->broadcast(be_, w, r);
   }
-  if (!be_.dry_run) comm_->wait_collectives(be_);
-  if (mixed)
-    for (int r = 0; r < sharding_.world_size; ++r)
-      if (r != sharding_.rank) {
-        Tensor half = range(model_->compute_weights(), r);
-        ops::cast(be_, range(model_->weights(), r), half);
-      }
+  comm_->wait_collectives(be_);
 }
 
 void TrainingRun::init_weights(uint64_t seed) {
-  HONE_CHECK(model_->weights().data, "a run planned for inference in half precision keeps no F32 weights");
+  HONE_CHECK(master().data, "a run planned for inference in half precision keeps no F32 weights");
+  HONE_CHECK(!master_sharded_ || comm_->world_size() == sharding_.world_size,
+             "init_weights of a run whose master weights are sharded over {} ranks, before distribute()",
+             sharding_.world_size);
   const ParamLayout& layout = model_->layout();
+  // With sharded master weights each rank draws its own groups' (every parameter has a
+  // stream of its own, so the draws are those of one process) and the owners share them.
+  const int64_t base = master_sharded_ ? layout.groups()[size_t(bounds_[size_t(sharding_.rank)])].begin : 0;
   for (size_t i = 0; i < layout.entries().size(); ++i) {
-    const ParamEntry& e = layout.entries()[i];
-    Tensor t = model_->param(model_->weights(), e);
+    ParamEntry e = layout.entries()[i];
+    if (master_sharded_ && owner_[size_t(e.group)] != sharding_.rank) continue;
+    e.offset -= base;
+    Tensor t = model_->param(master(), e);
     const ParamInit init = param_init(model_->config(), e, i);
     if (!init.normal) {
       ops::fill(be_, t, init.value);
@@ -434,15 +472,27 @@ void TrainingRun::init_weights(uint64_t seed) {
       ops::fill(be_, pad, 0.0f);
     }
   }
-  if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  if (master_sharded_) {
+    Tensor half = rank_range(model_->compute_weights(), sharding_.rank);
+    ops::cast(be_, master_shard_, half);
+    share_updated_weights();
+  } else if (model_->mixed()) {
+    ops::cast(be_, model_->weights(), model_->compute_weights());
+  }
   sync_host_master();
   be_.synchronize();
 }
 
 void TrainingRun::save_model(const std::string& dir, int64_t chunk_floats) {
-  HONE_CHECK(model_->weights().data, "a run planned for inference in half precision keeps no F32 weights");
+  HONE_CHECK(master().data, "a run planned for inference in half precision keeps no F32 weights");
   HONE_CHECK(chunk_floats > 0, "save_model with chunks of {} floats", chunk_floats);
   const ParamLayout& layout = model_->layout();
+  if (master_sharded_) {
+    std::vector<float> host(size_t(layout.count()));
+    read_weights(host.data());
+    save_pretrained(dir, model_->config(), layout, host.data());
+    return;
+  }
   std::vector<std::pair<int64_t, int64_t>> pieces;  // (first parameter, count), in file order
   int64_t largest = 0;
   for (const ParamEntry& e : layout.entries())
@@ -475,7 +525,30 @@ void TrainingRun::save_model(const std::string& dir, int64_t chunk_floats) {
 }
 
 void TrainingRun::read_weights(float* host) {
-  HONE_CHECK(model_->weights().data, "a run planned for inference in half precision keeps no F32 weights");
+  HONE_CHECK(master().data, "a run planned for inference in half precision keeps no F32 weights");
+  if (master_sharded_) {
+    HONE_CHECK(comm_->world_size() == sharding_.world_size,
+               "read_weights of a run whose master weights are sharded over {} ranks, before distribute()",
+               sharding_.world_size);
+    // Each owner's share in chunks through the staging buffer, to every rank.
+    const std::vector<ParamGroup>& groups = model_->layout().groups();
+    const int64_t chunk = weights_staging_.numel();
+    for (int r = 0; r < sharding_.world_size; ++r) {
+      const int64_t begin = groups[size_t(bounds_[size_t(r)])].begin, end = groups[size_t(bounds_[size_t(r) + 1] - 1)].end;
+      for (int64_t at = begin; at < end; at += chunk) {
+        const int64_t m = std::min(chunk, end - at);
+        Tensor staging = weights_staging_.rows(0, m);
+        if (r == sharding_.rank) ops::copy(be_, master_shard_.rows(at - begin, at - begin + m), staging);
+        comm_->broadcast(be_, staging, r);
+        comm_->wait_collectives(be_);  // before the staging buffer is read or refilled
+        Tensor dst = host_tensor(host + at, DType::F32, {m});
+        if (host) ops::copy(be_, staging, dst);
+      }
+    }
+    be_.synchronize();
+    return;
+  }
+  HONE_CHECK(host, "read_weights without a destination");
   Tensor dst = host_tensor(host, DType::F32, model_->weights().shape);
   ops::copy(be_, model_->weights(), dst);
   be_.synchronize();
@@ -620,8 +693,9 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   const bool window_ends = scoped_grads_ || ++micro_in_window_ == args_.gradient_accumulation_steps;
   sending_grads_ = offload_ && !scoped_grads_ && !be_.dry_run && window_ends;
   // Data parallel: the window's last backward sums each group's gradients over the ranks
-  // as it finishes them (eagerly: collectives are not recorded).
-  reducing_grads_ = comm_->group().distributed() && !be_.dry_run && window_ends;
+  // as it finishes them (eagerly: collectives are not recorded). Under ZeRO stage 2 every
+  // backward does, into the owner's accumulated gradients (the others keep none).
+  reducing_grads_ = comm_->group().distributed() && !be_.dry_run && (window_ends || shards_grads());
   // Logits for the host are read eagerly; so are shapes past the recordings' cap.
   // An offloaded update after each micro-step runs on the host: no recordings then.
   if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_) &&
@@ -754,7 +828,8 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
   if (scoped_grads_)
     model_->release_grads(mem);
   else
-    for (int k = 0; k < model_->num_groups(); ++k) ops::fill(be_, model_->grad(k), 0.0f);
+    for (int k = 0; k < model_->num_groups(); ++k)  // ZeRO stage 2: the others' left with their reduce
+      if (model_->grad(k).data) ops::fill(be_, model_->grad(k), 0.0f);
   be_.compute_waits_for(weights_up);
 }
 

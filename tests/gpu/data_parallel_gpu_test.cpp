@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "hone/config.h"
@@ -63,6 +64,42 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
   }
   SCOPED_TRACE("stage 2");
   expect_two_gpus_equal_one("", 1e-4, "--zero_stage 2");
+}
+
+// Under bf16 ZeRO shards the fp32 master weights too; stage 1 reduces as plain data
+// parallel does, so its updates are the same to the bit: both save the same model and the
+// same checkpoint (whose weights rank 0 gathers from the owners). Stage 2 reduces to the
+// owners, in another order: the losses of one GPU within bf16's rounding.
+TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsModel) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
+  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  test::TempDir tmp;
+  const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
+  auto launch = [&](const std::string& name, const std::string& flags) {
+    const test::CommandResult r = test::run_command(
+        std::string(HONE_BINARY) + " launch --nproc_per_node 2 train --model_name_or_path " + model +
+        " --dataset synthetic:64x32 --num_train_epochs 2 --logging_steps 1 --learning_rate 1e-3 --bf16"
+        " --per_device_train_batch_size 8 --save_strategy steps --save_steps 3 --output_dir " + tmp.path + "/" +
+        name + " " + flags);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r;
+  };
+  launch("plain", "");
+  const test::CommandResult zero1 = launch("zero1", "--zero_stage 1");
+  EXPECT_NE(zero1.out.find("ZeRO stage 1"), std::string::npos) << zero1.out;
+  auto bytes = [&](const std::string& path) {
+    std::ifstream f(tmp.path + "/" + path, std::ios::binary);
+    EXPECT_TRUE(f.good()) << path;
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_EQ(test::logged_losses(tmp.path + "/zero1"), test::logged_losses(tmp.path + "/plain"));
+  EXPECT_TRUE(bytes("zero1/model.safetensors") == bytes("plain/model.safetensors"));
+  EXPECT_TRUE(bytes("zero1/checkpoint-3/model.safetensors") == bytes("plain/checkpoint-3/model.safetensors"));
+  SCOPED_TRACE("stage 2");
+  expect_two_gpus_equal_one("--bf16", 2e-2, "--zero_stage 2");
 }
 
 // A ZeRO-1 checkpoint of two GPUs resumes on one, continuing the uninterrupted run.
