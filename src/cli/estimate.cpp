@@ -82,9 +82,10 @@ int estimate_command(const TrainingArguments& a, bool list_buffers, const std::s
     fmt::print("per rank (planned; NCCL's communicator buffers are not in the plan):\n");
     for (int r = 0; r < world_size; ++r) {
       const MemoryPlan p = r == 0 ? plan : plan_of_rank(r);
-      fmt::print("  rank {}: {:>10.1f} MiB, of which optimizer state {:.1f} MiB, gradients {:.1f} MiB\n", r,
-                 double(p.total_bytes()) / kMiB,
-                 double(p.category_bytes[size_t(Category::OptimizerState)]) / kMiB,
+      fmt::print("  rank {}: {:>10.1f} MiB, of which optimizer state {:.1f} MiB, master weights {:.1f} MiB, gradients "
+                 "{:.1f} MiB\n",
+                 r, double(p.total_bytes()) / kMiB, double(p.category_bytes[size_t(Category::OptimizerState)]) / kMiB,
+                 double(p.category_bytes[size_t(Category::MasterWeights)]) / kMiB,
                  double(p.category_bytes[size_t(Category::Gradients)]) / kMiB);
     }
   }

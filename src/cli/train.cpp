@@ -305,6 +305,7 @@ int train_command(const TrainingArguments& requested) {
     metrics["gpu_memory_after_train_mb"] = after_train->used >> 20;
     if (after_train->process_known) metrics["gpu_memory_process_mb"] = after_train->process_used >> 20;
     metrics["planned_mb"] = run.memory().plan().total_bytes() >> 20;
+    if (comm->device_bytes() > 0) metrics["communicator_mb"] = comm->device_bytes() >> 20;
   }
   nlohmann::ordered_json summary;
   summary["train_runtime"] = std::round(m.train_runtime * 1e4) / 1e4;
@@ -345,7 +346,10 @@ int train_command(const TrainingArguments& requested) {
   }
   // As run_classification.py: the model is saved before the metrics.
   host.reset();
-  if (!main_process) return 0;  // rank 0 writes the model and the results
+  if (!main_process) {  // rank 0 writes the model and the results
+    if (run.master_sharded()) run.read_weights(nullptr);  // sends this rank's master weights to save_model's
+    return 0;
+  }
   run.save_model(a.output_dir);
   if (in.tokenizer) in.tokenizer->save(a.output_dir);
   timeline.mark("save");
@@ -378,8 +382,12 @@ int train_command(const TrainingArguments& requested) {
   fmt::print("memory anatomy (planned before the first step; measured = bytes the arenas allocated):\n{}",
              memory_table(run.memory().plan(), layout.count(), measured));
   if (after_train && after_train->process_known) {
-    const size_t planned = run.memory().plan().total_bytes();
-    const uint64_t context = after_train->process_used - std::min(after_train->process_used, uint64_t(planned));
+    const size_t planned = run.memory().plan().total_bytes(), nccl = comm->device_bytes();
+    if (nccl > 0)
+      fmt::print("  {:<24} {:>15} {:>10.1f}   (measured as the communicator started; not planned)\n",
+                 comm->name() + " buffers", with_commas(nccl), double(nccl) / kMiB);
+    const uint64_t context =
+        after_train->process_used - std::min(after_train->process_used, uint64_t(planned) + nccl);
     fmt::print("  {:<24} {:>15} {:>10.1f}   (this process on the GPU, NVML: {:.0f} MB, of which the plan is "
                "{:.0f} MB)\n",
                "CUDA context+libs", with_commas(context), double(context) / kMiB,

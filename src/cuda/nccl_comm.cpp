@@ -40,6 +40,9 @@ class NcclCommunicator final : public Communicator {
     // NVLink multicast (NVLS) can take a shared host's GPUs out of service; hone does not
     // need it, and leaves it off unless the user set otherwise.
     setenv("NCCL_NVLS_ENABLE", "0", 0);
+    // Every connection (and its buffers) made now rather than at a collective's first use:
+    // the memory is measured before the plan is allocated, and no step pays for it.
+    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     ncclUniqueId id{};
     if (g.rank == 0) HONE_NCCL_CHECK(ncclGetUniqueId(&id));
     const std::vector<char> mine(reinterpret_cast<const char*>(&id), reinterpret_cast<const char*>(&id) + sizeof id);
@@ -48,7 +51,11 @@ class NcclCommunicator final : public Communicator {
     if (shared.size() != sizeof id) fail("rank {}: the communicator's id came with {} bytes", g.rank, shared.size());
     std::memcpy(&id, shared.data(), sizeof id);
     HONE_CUDA_CHECK(cudaSetDevice(be.device_index()));
+    size_t free_before = 0, free_after = 0, total = 0;
+    HONE_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
     HONE_NCCL_CHECK(ncclCommInitRank(&comm_, g.world_size, id, g.rank));
+    HONE_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+    device_bytes_ = free_before > free_after ? free_before - free_after : 0;
     int least = 0, greatest = 0;
     HONE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     // High priority: a reduction's blocks go first once backward has left SMs free.
@@ -71,6 +78,7 @@ class NcclCommunicator final : public Communicator {
     cudaFree(word_);
   }
   std::string name() const override { return "nccl"; }
+  size_t device_bytes() const override { return device_bytes_; }
 
   void all_reduce_sum(Backend& be, Tensor& t) override {
     HONE_CHECK(t.device == Device::CUDA && t.dtype == DType::F32, "NCCL all-reduce of a {} tensor",
@@ -146,6 +154,7 @@ class NcclCommunicator final : public Communicator {
   };
   static constexpr size_t kEvents = 512;
   ncclComm_t comm_ = nullptr;
+  size_t device_bytes_ = 0;  // what ncclCommInitRank took on this GPU
   cudaStream_t stream_ = nullptr;
   cudaEvent_t events_[kEvents] = {};
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // compute -> collectives, collectives -> compute
