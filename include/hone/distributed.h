@@ -51,8 +51,8 @@ class Communicator {
   virtual void wait_collectives(Backend& be) {}
   // Blocks until every rank has called it (the host waits for its queued work first).
   virtual void barrier(Backend& be) = 0;
-  // Device memory the communicator's library took for its own buffers, measured as it
-  // started (outside the memory plan); 0 where it takes none.
+  // Device memory the communicator's library took for its own buffers (outside the memory
+  // plan), measured as it started and over its first collectives; 0 where it takes none.
   virtual size_t device_bytes() const { return 0; }
 
  protected:

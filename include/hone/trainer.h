@@ -245,6 +245,7 @@ class TrainingRun {
   std::vector<int> bounds_, owner_;
   std::unique_ptr<ParamLayout> shard_layout_;
   std::vector<Tensor> shard_grads_;
+  int sent_group_ = -1;  // stage 2: a group sent to its owner, released after the next
   bool shards_grads() const { return sharding_.sharded() && sharding_.stage == 2; }
   // Sharded master weights: this rank's groups' fp32 parameters, and a buffer that carries
   // the weights between ranks (or up from the host) in chunks.

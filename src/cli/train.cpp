@@ -384,7 +384,7 @@ int train_command(const TrainingArguments& requested) {
   if (after_train && after_train->process_known) {
     const size_t planned = run.memory().plan().total_bytes(), nccl = comm->device_bytes();
     if (nccl > 0)
-      fmt::print("  {:<24} {:>15} {:>10.1f}   (measured as the communicator started; not planned)\n",
+      fmt::print("  {:<24} {:>15} {:>10.1f}   (measured as the communicator started and connected; not planned)\n",
                  comm->name() + " buffers", with_commas(nccl), double(nccl) / kMiB);
     const uint64_t context =
         after_train->process_used - std::min(after_train->process_used, uint64_t(planned) + nccl);

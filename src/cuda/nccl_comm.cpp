@@ -40,9 +40,6 @@ class NcclCommunicator final : public Communicator {
     // NVLink multicast (NVLS) can take a shared host's GPUs out of service; hone does not
     // need it, and leaves it off unless the user set otherwise.
     setenv("NCCL_NVLS_ENABLE", "0", 0);
-    // Every connection (and its buffers) made now rather than at a collective's first use:
-    // the memory is measured before the plan is allocated, and no step pays for it.
-    setenv("NCCL_RUNTIME_CONNECT", "0", 0);
     ncclUniqueId id{};
     if (g.rank == 0) HONE_NCCL_CHECK(ncclGetUniqueId(&id));
     const std::vector<char> mine(reinterpret_cast<const char*>(&id), reinterpret_cast<const char*>(&id) + sizeof id);
@@ -115,9 +112,19 @@ class NcclCommunicator final : public Communicator {
   void follow(CudaBackend& be) {
     HONE_CUDA_CHECK(cudaEventRecord(fork_, be.stream()));
     HONE_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
+    if (measured_calls_ < kMeasuredCalls) HONE_CUDA_CHECK(cudaMemGetInfo(&free_before_call_, &total_));
   }
   // An event after the collective, for the watchdog; the oldest finished ones are dropped.
   void queued(const char* what) {
+    // NCCL connects its peers for an algorithm at the first collective that uses it (which
+    // takes less memory than connecting all at the start): what it took is counted over the
+    // first calls, while nothing else allocates (the plan's arenas are allocated already).
+    if (measured_calls_ < kMeasuredCalls) {
+      ++measured_calls_;
+      size_t free_after = 0;
+      HONE_CUDA_CHECK(cudaMemGetInfo(&free_after, &total_));
+      if (free_before_call_ > free_after) device_bytes_ += free_before_call_ - free_after;
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     while (!flight_.empty() && cudaEventQuery(events_[flight_.front().slot]) == cudaSuccess) flight_.pop_front();
     if (flight_.size() == kEvents) {  // a full ring: the oldest must finish first
@@ -154,7 +161,10 @@ class NcclCommunicator final : public Communicator {
   };
   static constexpr size_t kEvents = 512;
   ncclComm_t comm_ = nullptr;
-  size_t device_bytes_ = 0;  // what ncclCommInitRank took on this GPU
+  size_t device_bytes_ = 0;  // what ncclCommInitRank and the first calls took on this GPU
+  static constexpr int kMeasuredCalls = 1024;  // tens of updates' collectives
+  int measured_calls_ = 0;
+  size_t free_before_call_ = 0, total_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t events_[kEvents] = {};
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // compute -> collectives, collectives -> compute

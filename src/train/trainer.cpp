@@ -342,12 +342,21 @@ void TrainingRun::plan_ranks() {
     // optimizer state (as DeepSpeed's stage 1 does); an fp32 run's weights are what forward reads.
     master_sharded_ = compute_dtype(args_) != DType::F32;
   }
+  // Stage 2: another owner's group is released once the next group is done (its embeddings,
+  // the last, at once): its reduce ran beside that group's backward, and the compute stream
+  // waits for it (the planner hands its bytes on) without waiting for the one just queued.
   model_->on_group_grads_done([this](Backend& be, BufferSource& m, int k) {
+    auto release_sent = [&] {
+      if (sent_group_ < 0) return;
+      if (reducing_grads_) comm_->wait_collectives(be);
+      m.release(model_->grad(sent_group_));
+      model_->grad(sent_group_) = Tensor{};
+      sent_group_ = -1;
+    };
+    release_sent();
     if (reducing_grads_) reduce_group(be, k);
-    if (keeps_grads(k)) return;
-    if (reducing_grads_) comm_->wait_collectives(be);  // the reduce has read them before they are reused
-    m.release(model_->grad(k));
-    model_->grad(k) = Tensor{};
+    if (!keeps_grads(k)) sent_group_ = k;
+    if (k == 0) release_sent();  // backward's last group
   });
 }
 

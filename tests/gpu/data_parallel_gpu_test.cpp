@@ -5,12 +5,12 @@
 
 #include <cmath>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "hone/config.h"
 #include "hone/cuda.h"
 #include "hone/distributed.h"
+#include "hone/safetensors.h"
 #include "test_util.h"
 
 namespace hone {
@@ -77,9 +77,11 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
 }
 
 // Under bf16 ZeRO shards the fp32 master weights too; stage 1 reduces as plain data
-// parallel does, so its updates are the same to the bit: both save the same model and the
-// same checkpoint (whose weights rank 0 gathers from the owners). Stage 2 reduces to the
-// owners, in another order: the losses of one GPU within bf16's rounding.
+// parallel does, so it takes the same steps and saves the same model and checkpoint (whose
+// weights rank 0 gathers from the owners): equal but for the last bits that bf16 backward's
+// atomic sums (LayerNorm's parameter gradients) leave to chance from run to run, which
+// are about 1e-9 here; a misplaced shard would differ by the weights' size. Stage 2
+// reduces to the owners, in another order: the losses of one GPU within bf16's rounding.
 TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsModel) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
@@ -100,14 +102,25 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
   launch("plain", "");
   const test::CommandResult zero1 = launch("zero1", "--zero_stage 1");
   EXPECT_NE(zero1.out.find("ZeRO stage 1"), std::string::npos) << zero1.out;
-  auto bytes = [&](const std::string& path) {
-    std::ifstream f(tmp.path + "/" + path, std::ios::binary);
-    EXPECT_TRUE(f.good()) << path;
-    return std::string(std::istreambuf_iterator<char>(f), {});
+  auto expect_same_weights = [&](const std::string& file) {
+    SCOPED_TRACE(file);
+    const SafetensorsFile plain(tmp.path + "/plain/" + file), zero(tmp.path + "/zero1/" + file);
+    ASSERT_EQ(zero.entries().size(), plain.entries().size());
+    for (const SafetensorsEntry& e : plain.entries()) {
+      const SafetensorsEntry* z = zero.find(e.name);
+      ASSERT_TRUE(z) << e.name;
+      std::vector<float> a(size_t(e.numel())), b(size_t(e.numel()));
+      plain.read_f32(e, a.data(), e.numel());
+      zero.read_f32(*z, b.data(), e.numel());
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-7) << e.name << " [" << i << "]";
+    }
   };
-  EXPECT_EQ(test::logged_losses(tmp.path + "/zero1"), test::logged_losses(tmp.path + "/plain"));
-  EXPECT_TRUE(bytes("zero1/model.safetensors") == bytes("plain/model.safetensors"));
-  EXPECT_TRUE(bytes("zero1/checkpoint-3/model.safetensors") == bytes("plain/checkpoint-3/model.safetensors"));
+  const std::vector<double> plain = test::logged_losses(tmp.path + "/plain"), zero = test::logged_losses(tmp.path + "/zero1");
+  ASSERT_EQ(plain.size(), 8u);
+  ASSERT_EQ(zero.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(zero[i], plain[i], 1e-3 * plain[i]) << "step " << i + 1;
+  expect_same_weights("model.safetensors");
+  expect_same_weights("checkpoint-3/model.safetensors");
   SCOPED_TRACE("stage 2");
   expect_two_gpus_equal_one("--bf16", 2e-2, "--zero_stage 2");
 }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -161,13 +162,26 @@ TEST_F(DataParallel, ZeroShrinksEachRanksPlan) {
   EXPECT_EQ(state(zero2), state(zero1));
   EXPECT_LE(zero2.total_bytes(), zero1.total_bytes());
   EXPECT_LT(zero1.total_bytes(), zero0.total_bytes());
-  // With accumulation gradients persist: stage 2 keeps this rank's groups' alone, and the
-  // group in flight to its owner (so more, smaller groups here).
+  // With accumulation gradients persist: stage 2 keeps this rank's groups' alone, and at
+  // most two of the others' on their way to their owners (so more, smaller groups here),
+  // whose packing may leave a gap of a group's size where their sizes differ.
   a = args(4, 2);
   c.num_hidden_layers = 8;
   const auto grads = [](const MemoryPlan& p) { return double(p.category_bytes[size_t(Category::Gradients)]); };
   const MemoryPlan accumulating1 = plan(1), accumulating2 = plan(2);
-  EXPECT_LT(grads(accumulating2), 0.8 * grads(accumulating1));
+  const ParamLayout layout(c);
+  const std::vector<int> bounds = shard_bounds(layout, 2);
+  const auto aligned = [](int64_t floats) { return double((floats * 4 + 255) / 256 * 256); };
+  const int r = comm_->rank();
+  double bound = aligned(layout.groups()[size_t(bounds[size_t(r) + 1] - 1)].end -
+                         layout.groups()[size_t(bounds[size_t(r)])].begin);
+  std::vector<double> others;
+  for (int k = 0; k < int(layout.groups().size()); ++k)
+    if (k < bounds[size_t(r)] || k >= bounds[size_t(r) + 1]) others.push_back(aligned(layout.groups()[size_t(k)].size()));
+  std::sort(others.rbegin(), others.rend());
+  bound += others[0] + others[1] + others[2];
+  EXPECT_LE(grads(accumulating2), bound);
+  EXPECT_LT(grads(accumulating2), grads(accumulating1));
   EXPECT_LT(accumulating2.total_bytes(), accumulating1.total_bytes());
 }
 
