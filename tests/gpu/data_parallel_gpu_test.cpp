@@ -3,6 +3,7 @@
 // fewer than two GPUs or without NCCL.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -79,8 +80,8 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
 // Under bf16 ZeRO shards the fp32 master weights too; stage 1 reduces as plain data
 // parallel does, so it takes the same steps and saves the same model and checkpoint (whose
 // weights rank 0 gathers from the owners): equal but for the last bits that bf16 backward's
-// atomic sums (LayerNorm's parameter gradients) leave to chance from run to run, which
-// are about 1e-9 here; a misplaced shard would differ by the weights' size. Stage 2
+// atomic sums (LayerNorm's parameter gradients) leave to chance from run to run, an ulp
+// or so here; a misplaced shard would differ by the weights' size. Stage 2
 // reduces to the owners, in another order: the losses of one GPU within bf16's rounding.
 TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsModel) {
   std::string why;
@@ -112,7 +113,8 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
       std::vector<float> a(size_t(e.numel())), b(size_t(e.numel()));
       plain.read_f32(e, a.data(), e.numel());
       zero.read_f32(*z, b.data(), e.numel());
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], a[i], 1e-7) << e.name << " [" << i << "]";
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(b[i], a[i], 1e-6 * std::max(1.0f, std::abs(a[i]))) << e.name << " [" << i << "]";
     }
   };
   const std::vector<double> plain = test::logged_losses(tmp.path + "/plain"), zero = test::logged_losses(tmp.path + "/zero1");
