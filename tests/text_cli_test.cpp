@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hone/checkpoint.h"
+#include "hone/distributed.h"
 #include "hone/weights.h"
 #include "test_util.h"
 
@@ -151,6 +152,41 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
 
 // Numbers with a fraction make a regression; evaluation every 2 steps; a checkpoint only
 // when the evaluation improves on the best MSE so far.
+// Two ranks share each evaluation out and gather the logits: with a learning rate of 0
+// (dropout then changes nothing) their metrics, during and after training, are one
+// process's.
+TEST(TextTraining, TwoRanksEvaluateAsOneProcess) {
+  if (!have_mpi() || run("command -v mpiexec").code != 0) GTEST_SKIP() << "no MPI in this build or no mpiexec";
+  TextSetup s;
+  const std::string common = "train --model_name_or_path " + s.model + " --tokenizer_name " + s.tok +
+                             " --train_file " + s.write("train.jsonl", 32, 0) + " --validation_file " +
+                             s.write("dev.jsonl", 22, 1) +
+                             " --text_column text --max_seq_length 16 --learning_rate 0 --num_train_epochs 2"
+                             " --eval_strategy epoch --do_eval --per_device_eval_batch_size 4 --save_strategy no"
+                             " --device cpu --output_dir " + s.dir.path;
+  const Result one = hone(common + "/one --per_device_train_batch_size 8");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const Result two = run(std::string(HONE_BINARY) + " launch --nproc_per_node 2 " + common +
+                         "/two --per_device_train_batch_size 4");
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto evals = [&](const std::string& out) {
+    std::vector<nlohmann::json> e;
+    std::ifstream f(s.dir.path + "/" + out + "/trainer_state.json");
+    const nlohmann::json state = nlohmann::json::parse(f);
+    for (const auto& h : state["log_history"])
+      if (h.contains("eval_loss")) e.push_back(h);
+    std::ifstream last(s.dir.path + "/" + out + "/eval_results.json");
+    e.push_back(nlohmann::json::parse(last));
+    return e;
+  };
+  const std::vector<nlohmann::json> a = evals("one"), b = evals("two");
+  ASSERT_EQ(a.size(), 3u);  // each epoch's, then the final one
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* k : {"eval_loss", "eval_accuracy", "eval_f1", "eval_matthews_correlation"})
+      EXPECT_EQ(b[i][k].get<double>(), a[i][k].get<double>()) << k << ", evaluation " << i + 1;
+}
+
 TEST(TextTraining, RegressionWithStepEvaluationAndBestCheckpoints) {
   TextSetup s;
   auto write = [&](const std::string& name, int n) {

@@ -116,6 +116,9 @@ class TrainingRun {
   void broadcast_weights(int root = 0);
   // Whether any rank says yes (a collective: every rank asks at the same update).
   bool any_rank(bool mine);
+  // Sums n host floats over the ranks in place (a collective), through planned device
+  // memory; nothing with one rank.
+  void all_reduce_host(float* host, int64_t n);
 
   BertForSequenceClassification& model() { return *model_; }
   Backend& backend() { return be_; }
@@ -247,10 +250,10 @@ class TrainingRun {
   std::vector<Tensor> shard_grads_;
   int sent_group_ = -1;  // stage 2: a group sent to its owner, released after the next
   bool shards_grads() const { return sharding_.sharded() && sharding_.stage == 2; }
-  // Sharded master weights: this rank's groups' fp32 parameters, and a buffer that carries
-  // the weights between ranks (or up from the host) in chunks.
+  // Sharded master weights: this rank's groups' fp32 parameters.
   bool master_sharded_ = false;
-  Tensor master_shard_, weights_staging_;
+  Tensor master_shard_;
+  Tensor exchange_;  // several ranks: what crosses between them in chunks (weights, evaluation)
   Tensor rank_range(const Tensor& flat, int rank) const;  // rank's groups of a flat buffer
   Tensor master() const { return master_sharded_ ? master_shard_ : model_->weights(); }
   void share_updated_weights();  // each owner's updated weights to every rank

@@ -346,8 +346,9 @@ int train_command(const TrainingArguments& requested) {
   }
   // As run_classification.py: the model is saved before the metrics.
   host.reset();
-  if (!main_process) {  // rank 0 writes the model and the results
-    if (run.master_sharded()) run.read_weights(nullptr);  // sends this rank's master weights to save_model's
+  if (!main_process) {  // rank 0 writes the model and the results; the others take part in
+    if (run.master_sharded()) run.read_weights(nullptr);  // save_model's gathering of the weights
+    if (in.eval && a.do_eval) evaluate(run, *in.eval, a);  // and in the last evaluation
     return 0;
   }
   run.save_model(a.output_dir);

@@ -25,31 +25,42 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
   std::iota(order.begin(), order.end(), int64_t(0));
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return lengths[size_t(x)] > lengths[size_t(y)]; });
+  // With several ranks each takes every world-th batch, so that all get long and short ones
+  // alike, and they share their logits at the end.
+  Communicator& comm = run.communicator();
+  const int world = comm.world_size();
   std::vector<std::vector<int64_t>> batches;
-  for (int64_t lo = 0; lo < n; lo += EB) batches.emplace_back(order.begin() + lo, order.begin() + std::min(n, lo + EB));
-  const int64_t steps = int64_t(batches.size());
+  for (int64_t lo = 0, k = 0; lo < n; lo += EB, ++k)
+    if (k % world == comm.rank()) batches.emplace_back(order.begin() + lo, order.begin() + std::min(n, lo + EB));
+  const int64_t steps = (n + int64_t(EB) * world - 1) / (int64_t(EB) * world);  // as Trainer counts them
   LoaderOptions lo{a.dataloader_num_workers, a.dataloader_pin_memory, 8, EB};
   BatchLoader loader(data, std::move(batches), lo, run.backend());
 
-  std::vector<float> all(size_t(n) * C), batch_logits(size_t(EB) * C);
-  std::vector<float> labels(static_cast<size_t>(n));
-  double loss_sum = 0;  // summed per example: Trainer's eval_loss is the mean over examples
+  // Every example's logits, then its label: zeros where another rank has them, so that the
+  // ranks' sum is exact.
+  std::vector<float> gathered(size_t(n) * (C + 1)), batch_logits(size_t(EB) * C);
+  float* const all = gathered.data();
+  float* const labels = all + size_t(n) * C;
   while (const Batch* b = loader.next()) {
     run.infer(*b, ForwardOutputs{batch_logits.data()});
     for (int r = 0; r < b->rows; ++r) {
       const size_t at = size_t(b->indices[size_t(r)]);
-      const float* z = &batch_logits[size_t(r) * C];
-      const float y = b->labels[r];
-      if (regression) {
-        loss_sum += (double(z[0]) - y) * (double(z[0]) - y);
-      } else {
-        double mx = z[0], sum = 0;
-        for (int c = 1; c < C; ++c) mx = std::max(mx, double(z[c]));
-        for (int c = 0; c < C; ++c) sum += std::exp(double(z[c]) - mx);
-        loss_sum += mx + std::log(sum) - double(z[int(y)]);
-      }
-      std::copy(z, z + C, &all[at * C]);
-      labels[at] = y;
+      std::copy_n(&batch_logits[size_t(r) * C], C, &all[at * C]);
+      labels[at] = b->labels[r];
+    }
+  }
+  run.all_reduce_host(gathered.data(), int64_t(gathered.size()));
+  double loss_sum = 0;  // summed per example: Trainer's eval_loss is the mean over examples
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = &all[size_t(i) * C];
+    const float y = labels[i];
+    if (regression) {
+      loss_sum += (double(z[0]) - y) * (double(z[0]) - y);
+    } else {
+      double mx = z[0], sum = 0;
+      for (int c = 1; c < C; ++c) mx = std::max(mx, double(z[c]));
+      for (int c = 0; c < C; ++c) sum += std::exp(double(z[c]) - mx);
+      loss_sum += mx + std::log(sum) - double(z[int(y)]);
     }
   }
   const double runtime = std::chrono::duration<double>(clock::now() - start).count();
@@ -57,7 +68,8 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
   nlohmann::ordered_json m;
   m[prefix + "_loss"] = loss_sum / double(n);
   if (regression) {
-    const RegressionMetrics r = regression_metrics(all, labels);
+    const RegressionMetrics r =
+        regression_metrics(std::vector<float>(all, all + n), std::vector<float>(labels, labels + n));
     m[prefix + "_mse"] = r.mse;
     m[prefix + "_pearson"] = r.pearson;
     m[prefix + "_spearman"] = r.spearman;
@@ -76,7 +88,7 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
   m[prefix + "_runtime"] = runtime;
   m[prefix + "_samples_per_second"] = double(n) / runtime;
   m[prefix + "_steps_per_second"] = double(steps) / runtime;
-  if (logits) *logits = std::move(all);
+  if (logits) logits->assign(all, all + size_t(n) * C);
   return m;
 }
 

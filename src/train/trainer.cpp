@@ -186,13 +186,14 @@ void TrainingRun::setup(BufferSource& mem) {
   model_->bind_parameters(mem, persistent, compute_dtype(args_),
                           offload_ ? Category::HostMasterWeights : Category::MasterWeights,
                           phases_.train && !master_sharded_);
-  if (!phases_.train) return;
-  if (master_sharded_) {
-    master_shard_ = mem.take(Category::MasterWeights, "parameters_shard", -1, DType::F32, {shard_layout_->count()});
+  if (sharding_.world_size > 1) {
     const int64_t chunk = int64_t(4) << 20;  // 16 MiB a collective: large enough to run at NVLink's speed
-    weights_staging_ = mem.take(Category::Workspace, "weights_staging", -1, DType::F32,
-                                {std::min(chunk, model_->layout().count())});
+    exchange_ =
+        mem.take(Category::Workspace, "rank_exchange", -1, DType::F32, {std::min(chunk, model_->layout().count())});
   }
+  if (!phases_.train) return;
+  if (master_sharded_)
+    master_shard_ = mem.take(Category::MasterWeights, "parameters_shard", -1, DType::F32, {shard_layout_->count()});
   if (offload_) {
     HostCategories host(mem);
     optimizer_->take_state(host, model_->layout());
@@ -292,10 +293,10 @@ void TrainingRun::write_weights(const float* host) {
     const int64_t base = model_->layout().groups()[size_t(bounds_[size_t(sharding_.rank)])].begin;
     ops::copy(be_, host_tensor(host + base, DType::F32, master_shard_.shape), master_shard_);
     const Tensor& half = model_->compute_weights();
-    const int64_t n = half.numel(), chunk = weights_staging_.numel();
+    const int64_t n = half.numel(), chunk = exchange_.numel();
     for (int64_t at = 0; at < n; at += chunk) {
       const int64_t m = std::min(chunk, n - at);
-      Tensor staging = weights_staging_.rows(0, m), dst = half.rows(at, at + m);
+      Tensor staging = exchange_.rows(0, m), dst = half.rows(at, at + m);
       ops::copy(be_, host_tensor(host + at, DType::F32, {m}), staging);
       ops::cast(be_, staging, dst);
     }
@@ -401,6 +402,21 @@ void TrainingRun::broadcast_weights(int root) {
   comm_->broadcast(be_, w, root);
   comm_->wait_collectives(be_);
   if (master_too) ops::cast(be_, model_->weights(), model_->compute_weights());
+  be_.synchronize();
+}
+
+void TrainingRun::all_reduce_host(float* host, int64_t n) {
+  if (!comm_->group().distributed()) return;
+  HONE_CHECK(exchange_.data, "all_reduce_host on a run planned for one rank");
+  const int64_t chunk = exchange_.numel();
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t m = std::min(chunk, n - at);
+    Tensor dev = exchange_.rows(0, m), h = host_tensor(host + at, DType::F32, {m});
+    ops::copy(be_, h, dev);
+    comm_->all_reduce_sum(be_, dev);
+    comm_->wait_collectives(be_);
+    ops::copy(be_, dev, h);
+  }
   be_.synchronize();
 }
 
@@ -541,12 +557,12 @@ void TrainingRun::read_weights(float* host) {
                sharding_.world_size);
     // Each owner's share in chunks through the staging buffer, to every rank.
     const std::vector<ParamGroup>& groups = model_->layout().groups();
-    const int64_t chunk = weights_staging_.numel();
+    const int64_t chunk = exchange_.numel();
     for (int r = 0; r < sharding_.world_size; ++r) {
       const int64_t begin = groups[size_t(bounds_[size_t(r)])].begin, end = groups[size_t(bounds_[size_t(r) + 1] - 1)].end;
       for (int64_t at = begin; at < end; at += chunk) {
         const int64_t m = std::min(chunk, end - at);
-        Tensor staging = weights_staging_.rows(0, m);
+        Tensor staging = exchange_.rows(0, m);
         if (r == sharding_.rank) ops::copy(be_, master_shard_.rows(at - begin, at - begin + m), staging);
         comm_->broadcast(be_, staging, r);
         comm_->wait_collectives(be_);  // before the staging buffer is read or refilled

@@ -294,6 +294,29 @@ TEST_F(DataParallel, ZeroCheckpointsResumeOnAnyNumberOfRanksAndStages) {
   if (comm_->rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// Each rank evaluates every other batch and the ranks share their logits: the metrics and
+// logits of one process (with both ranks evaluating everything, the sum would double them).
+TEST_F(DataParallel, EvaluationIsSharedOutAndGathered) {
+  CpuBackend be;
+  const BertConfig c = tiny();
+  TrainingArguments a = args(8, 1);
+  a.per_device_eval_batch_size = 4;
+  std::unique_ptr<Dataset> data = open_dataset("synthetic:30x16", a.seed, false);  // 8 batches, the last of 2
+  TrainingRun one(a, c, 16, be, gradient_memory_for(a), RunPhases{true, 4}),
+      two(a, c, 16, be, gradient_memory_for(a), RunPhases{true, 4}, sharding_for(a, comm_->group()));
+  two.distribute(*comm_);
+  init_weights(c, one.model().layout(), one.host_weights(), 11);
+  init_weights(c, two.model().layout(), two.host_weights(), 11);
+  std::vector<float> alone, shared;
+  const nlohmann::ordered_json m1 = evaluate(one, *data, a, "eval", &alone);
+  const nlohmann::ordered_json m2 = evaluate(two, *data, a, "eval", &shared);
+  ASSERT_EQ(alone.size(), 60u);
+  EXPECT_EQ(shared, alone);
+  for (const char* k : {"eval_loss", "eval_accuracy", "eval_f1", "eval_matthews_correlation"})
+    EXPECT_EQ(m2[k].get<double>(), m1[k].get<double>()) << k;
+  EXPECT_NEAR(m2["eval_steps_per_second"].get<double>() * m2["eval_runtime"].get<double>(), 4.0, 1e-9);  // of 8
+}
+
 TEST_F(DataParallel, AllRanksStopTogetherWhenOneIsAsked) {
   CpuBackend be;
   const BertConfig c = tiny();
