@@ -127,6 +127,56 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
   expect_two_gpus_equal_one("--bf16", 2e-2, "--zero_stage 2");
 }
 
+// Evaluation shared out over two GPUs (each its batches, the logits summed over NCCL):
+// with a learning rate of 0 the metrics of every evaluation are one GPU's.
+TEST(DataParallelGpu, EvaluationOnTwoGpusIsOneGpus) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
+  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  test::TempDir tmp;
+  std::ofstream vocab(tmp.path + "/vocab.txt");
+  const char* words[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "good", "bad", "."};
+  for (const char* w : words) vocab << w << "\n";
+  vocab.close();
+  const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
+  auto write = [&](const std::string& name, int n) {
+    std::ofstream f(tmp.path + "/" + name);
+    for (int i = 0; i < n; ++i)
+      f << nlohmann::json{{"text", std::string(i % 3 ? "the film was " : "the ") + (i % 2 ? "good ." : "bad .")},
+                          {"label", i % 2 ? "yes" : "no"}}.dump()
+        << "\n";
+    return tmp.path + "/" + name;
+  };
+  const std::string common = "train --model_name_or_path " + model + " --tokenizer_name " + tmp.path +
+                             " --train_file " + write("train.jsonl", 32) + " --validation_file " +
+                             write("dev.jsonl", 22) +
+                             " --max_seq_length 16 --learning_rate 0 --num_train_epochs 2 --eval_strategy epoch"
+                             " --do_eval --per_device_eval_batch_size 4 --save_strategy no --output_dir " + tmp.path;
+  const test::CommandResult one = test::run_hone(common + "/one --per_device_train_batch_size 8");
+  ASSERT_EQ(one.code, 0) << one.out;
+  const test::CommandResult two = test::run_command(std::string(HONE_BINARY) + " launch --nproc_per_node 2 " + common +
+                                                    "/two --per_device_train_batch_size 4");
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto evals = [&](const std::string& out) {
+    std::vector<nlohmann::json> e;
+    std::ifstream f(tmp.path + "/" + out + "/trainer_state.json");
+    const nlohmann::json state = nlohmann::json::parse(f);
+    for (const auto& h : state["log_history"])
+      if (h.contains("eval_loss")) e.push_back(h);
+    std::ifstream last(tmp.path + "/" + out + "/eval_results.json");
+    e.push_back(nlohmann::json::parse(last));
+    return e;
+  };
+  const std::vector<nlohmann::json> a = evals("one"), b = evals("two");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* k : {"eval_loss", "eval_accuracy", "eval_f1"})
+      EXPECT_NEAR(b[i][k].get<double>(), a[i][k].get<double>(), 1e-6 * std::abs(a[i][k].get<double>()))
+          << k << ", evaluation " << i + 1;
+}
+
 // A ZeRO-1 checkpoint of two GPUs resumes on one, continuing the uninterrupted run.
 TEST(DataParallelGpu, ZeroCheckpointResumesOnOneGpu) {
   std::string why;
