@@ -151,7 +151,7 @@ TEST(DataParallelGpu, EvaluationOnTwoGpusIsOneGpus) {
   const std::string common = "train --model_name_or_path " + model + " --tokenizer_name " + tmp.path +
                              " --train_file " + write("train.jsonl", 32) + " --validation_file " +
                              write("dev.jsonl", 22) +
-                             " --max_seq_length 16 --learning_rate 0 --num_train_epochs 2 --eval_strategy epoch"
+                             " --text_column text --max_seq_length 16 --learning_rate 0 --num_train_epochs 2 --eval_strategy epoch"
                              " --do_eval --per_device_eval_batch_size 4 --save_strategy no --output_dir " + tmp.path;
   const test::CommandResult one = test::run_hone(common + "/one --per_device_train_batch_size 8");
   ASSERT_EQ(one.code, 0) << one.out;
