@@ -1,4 +1,4 @@
-// The hone executable: `hone train`, `launch`, `predict`, `estimate`, `env` and `tokenize`.
+// The hone executable: `hone train`, `launch`, `predict`, `serve`, `estimate`, `env` and `tokenize`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -16,13 +16,26 @@ int main(int argc, char** argv) {
   using namespace hone;
   CLI::App app{"hone: fine-tune BERT for sequence classification, with Hugging Face Trainer's flags and files"};
   app.require_subcommand(1);
-  TrainingArguments train_args, predict_args, estimate_args;
+  TrainingArguments train_args, predict_args, estimate_args, serve_args;
   bool list_buffers = false;
   CLI::App* train = app.add_subcommand("train", "train a model (TrainingArguments flags)");
   add_training_arguments(*train, train_args);
   CLI::App* predict = app.add_subcommand(
       "predict", "write predictions for --test_file (label and probabilities per line) to output_dir/predictions.jsonl");
   add_training_arguments(*predict, predict_args);
+  CLI::App* serve = app.add_subcommand(
+      "serve", "serve a trained model over HTTP: POST /predict as text-embeddings-inference, GET /health, GET /info");
+  add_training_arguments(*serve, serve_args);
+  cli::ServeOptions serve_options;
+  serve->add_option("--host", serve_options.host, "the address to listen on (default 127.0.0.1)");
+  serve->add_option("--port", serve_options.port, "the port (default 8080; 0: any free one, printed)")
+      ->check(CLI::Range(0, 65535));
+  serve->add_option("--max_batch_delay_ms", serve_options.max_batch_delay_ms,
+                    "how long a batch waits for more requests before it runs (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--max_queued_sequences", serve_options.max_queued_sequences,
+                    "sequences that may wait for the model; past them requests get 503 (default 1024)")
+      ->check(CLI::PositiveNumber);
   CLI::App* est = app.add_subcommand("estimate", "print the memory plan of a run without running it");
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");
@@ -63,6 +76,10 @@ int main(int argc, char** argv) {
     if (predict->parsed()) {
       validate(predict_args);
       return cli::predict_command(predict_args);
+    }
+    if (serve->parsed()) {
+      validate(serve_args);
+      return cli::serve_command(serve_args, serve_options);
     }
     if (env->parsed()) return cli::env_command();
     if (launch->parsed()) return cli::launch_command(launch_options, launch->remaining());

@@ -79,6 +79,27 @@ RunInputs checked(RunInputs in, const TrainingArguments& a) {
   return in;
 }
 
+// The tokenizer of a text run, checked against the model, and the run's sequence length.
+void load_tokenizer(const TrainingArguments& a, RunInputs& in) {
+  const BertConfig& cfg = in.model.config;
+  const std::string tok_dir = a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name;
+  if (in.model.weights_path.empty() && a.tokenizer_name.empty())
+    fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
+         "(a directory with tokenizer.json or vocab.txt)", a.model_name_or_path);
+  in.tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::load(tok_dir));
+  const std::string config_file = config_source(a);
+  if (in.tokenizer->vocab_size() > cfg.vocab_size)
+    fail("{} has {} tokens but the model's vocab_size is {} ({}): the tokenizer gives ids the model has no "
+         "embedding for", in.tokenizer->vocabulary_file(), in.tokenizer->vocab_size(), cfg.vocab_size, config_file);
+  if (in.tokenizer->max_type_id() >= cfg.type_vocab_size)
+    fail("{}: the post-processor gives token type id {} but the model's type_vocab_size is {} ({})",
+         in.tokenizer->vocabulary_file(), in.tokenizer->max_type_id(), cfg.type_vocab_size, config_file);
+  in.seq_len = std::min(a.max_seq_length, cfg.max_position_embeddings);
+  if (a.max_seq_length > cfg.max_position_embeddings)
+    fmt::print("notice: --max_seq_length {} is longer than the model's max_position_embeddings; using {}\n",
+               a.max_seq_length, in.seq_len);
+}
+
 RunInputs read_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
   RunInputs in;
   in.model = resolve_model(a.model_name_or_path);
@@ -102,22 +123,7 @@ RunInputs read_inputs(const TrainingArguments& a, bool read_train, bool read_eva
   if (read_test && in.model.weights_path.empty())
     fail("--model_name_or_path {}: predictions need trained weights (a directory with model.safetensors)",
          a.model_name_or_path);
-  const std::string tok_dir = a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name;
-  if (in.model.weights_path.empty() && a.tokenizer_name.empty())
-    fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
-         "(a directory with tokenizer.json or vocab.txt)", a.model_name_or_path);
-  in.tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::load(tok_dir));
-  const std::string config_file = config_source(a);
-  if (in.tokenizer->vocab_size() > cfg.vocab_size)
-    fail("{} has {} tokens but the model's vocab_size is {} ({}): the tokenizer gives ids the model has no "
-         "embedding for", in.tokenizer->vocabulary_file(), in.tokenizer->vocab_size(), cfg.vocab_size, config_file);
-  if (in.tokenizer->max_type_id() >= cfg.type_vocab_size)
-    fail("{}: the post-processor gives token type id {} but the model's type_vocab_size is {} ({})",
-         in.tokenizer->vocabulary_file(), in.tokenizer->max_type_id(), cfg.type_vocab_size, config_file);
-  in.seq_len = std::min(a.max_seq_length, cfg.max_position_embeddings);
-  if (a.max_seq_length > cfg.max_position_embeddings)
-    fmt::print("notice: --max_seq_length {} is longer than the model's max_position_embeddings; using {}\n",
-               a.max_seq_length, in.seq_len);
+  load_tokenizer(a, in);
   const TextColumns cols{a.text_column, a.text_pair_column, a.label_column};
 
   if (read_train && !a.train_file.empty()) {
@@ -158,6 +164,18 @@ RunInputs read_inputs(const TrainingArguments& a, bool read_train, bool read_eva
 
 RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test) {
   return checked(read_inputs(a, read_train, read_eval, read_test), a);
+}
+
+RunInputs prepare_model(const TrainingArguments& a) {
+  RunInputs in;
+  in.model = resolve_model(a.model_name_or_path);
+  if (!a.config_name.empty()) in.model.config = resolve_config(a.config_name);
+  if (in.model.weights_path.empty())
+    fail("--model_name_or_path {}: serving needs trained weights (a directory with model.safetensors)",
+         a.model_name_or_path);
+  load_tokenizer(a, in);
+  in.labels = labels_of(in.model.config);
+  return checked(std::move(in), a);
 }
 
 }  // namespace hone::cli

@@ -33,5 +33,7 @@ struct RunInputs {
 // config.json when it names its labels (a fine-tuned model), else from the training
 // file, and the config is updated to it.
 RunInputs prepare_inputs(const TrainingArguments& a, bool read_train, bool read_eval, bool read_test);
+// A trained model with its tokenizer and labels, and no data (hone serve).
+RunInputs prepare_model(const TrainingArguments& a);
 
 }  // namespace hone::cli
