@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   serve->add_option("--max_queued_sequences", serve_options.max_queued_sequences,
                     "sequences that may wait for the model; past them requests get 503 (default 1024)")
       ->check(CLI::PositiveNumber);
+  serve->add_option("--max_concurrent_requests", serve_options.max_concurrent_requests,
+                    "connections served at once, each by a thread of its own (default 512)")
+      ->check(CLI::PositiveNumber);
   CLI::App* est = app.add_subcommand("estimate", "print the memory plan of a run without running it");
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");

@@ -104,6 +104,10 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
 
   httplib::Server server;
   server.set_payload_max_length(size_t(o.max_request_bytes));
+  // A connection keeps its thread while it is kept alive, and a request's thread waits for its
+  // batch: as many threads as connections served at once, so that none queues behind another.
+  const int threads = o.max_concurrent_requests;
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
