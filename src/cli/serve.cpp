@@ -108,6 +108,9 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   // batch: as many threads as connections served at once, so that none queues behind another.
   const int threads = o.max_concurrent_requests;
   server.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  // An answer's header and body leave in separate writes: with Nagle's algorithm the body
+  // would wait for the client's delayed ACK of the header (40 ms).
+  server.set_tcp_nodelay(true);
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
