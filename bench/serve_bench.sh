@@ -40,4 +40,5 @@ P=$(grep -o '127.0.0.1:[0-9]*' /tmp/serve.log | cut -d: -f2)
 head -3 /tmp/serve.log
 python3 bench/serve_load.py $P --clients 128 --processes 8 --seconds 10 --words 126
 python3 bench/serve_load.py $P --clients 16 --processes 4 --seconds 5 --words 126
+python3 bench/serve_load.py $P --clients 1 --processes 1 --seconds 3 --words 126
 kill -TERM %1; wait %1; echo "serve exit $?"; tail -1 /tmp/serve.log

@@ -13,7 +13,7 @@ int predict_command(const TrainingArguments& a);
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                  // 0: any free port (printed)
-  double max_batch_delay_ms = 5;    // how long a batch waits for more requests
+  double max_batch_delay_ms = 0;    // how long a batch waits for more (0: what queued while the last ran)
   int max_queued_sequences = 1024;  // past this, requests get 503
   int max_concurrent_requests = 512;  // connections served at once (a thread each), as TEI's
   int64_t max_request_bytes = int64_t(4) << 20;

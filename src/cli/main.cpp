@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   serve->add_option("--port", serve_options.port, "the port (default 8080; 0: any free one, printed)")
       ->check(CLI::Range(0, 65535));
   serve->add_option("--max_batch_delay_ms", serve_options.max_batch_delay_ms,
-                    "how long a batch waits for more requests before it runs (default 5)")
+                    "how long a batch waits for more requests before it runs (default 0: a batch takes what "
+                    "queued while the last one ran)")
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--max_queued_sequences", serve_options.max_queued_sequences,
                     "sequences that may wait for the model; past them requests get 503 (default 1024)")
