@@ -963,3 +963,33 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
 
 }  // namespace
 }  // namespace hone
+
+namespace hone {
+namespace {
+
+// The CPU's cast rounds to bf16 and fp16 as dtype.h's host rounding does (to nearest even:
+// ties, the half-way cases, and values past fp16's range), and copies to F32.
+TEST(CpuCast, RoundsToHalfPrecisionAsTheHostRoundingDoes) {
+  CpuBackend be;
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, 3.14159f, -2.7e-3f, 65504.0f, 70000.0f,
+                          1e-8f, std::numeric_limits<float>::infinity()};
+  for (int i = 0; i < 1000; ++i) x.push_back(std::sin(float(i)) * std::pow(10.0f, float(i % 9 - 4)));
+  Tensor src{x.data(), DType::F32, Shape{int64_t(x.size())}, Device::CPU};
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<uint16_t> y(x.size());
+    Tensor dst{y.data(), t, Shape{int64_t(y.size())}, Device::CPU};
+    ops::cast(be, src, dst);
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(y[i], t == DType::BF16 ? float_to_bf16(x[i]) : float_to_f16(x[i])) << dtype_name(t) << " of " << x[i];
+  }
+  std::vector<float> same(x.size());
+  Tensor f32{same.data(), DType::F32, Shape{int64_t(same.size())}, Device::CPU};
+  ops::cast(be, src, f32);
+  EXPECT_EQ(std::memcmp(same.data(), x.data(), x.size() * sizeof(float)), 0);
+  std::vector<int32_t> ints(x.size());
+  Tensor bad{ints.data(), DType::I32, Shape{int64_t(ints.size())}, Device::CPU};
+  EXPECT_THROW(ops::cast(be, src, bad), Error);
+}
+
+}  // namespace
+}  // namespace hone

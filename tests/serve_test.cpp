@@ -260,6 +260,16 @@ TEST_F(Served, AnswersPredictHealthAndInfoAndEachErrorItsStatus) {
       EXPECT_TRUE(nlohmann::json::parse(r->body).contains("error")) << r->body;
     }
   }
+  // A second server on the same port, and one on a model without trained weights: each a
+  // clear error and exit code 1, before it listens.
+  const test::CommandResult busy = test::run_hone("serve --model_name_or_path " + dir_.path +
+                                                  "/model --device cpu --port " + std::to_string(port));
+  EXPECT_EQ(busy.code, 1) << busy.out;
+  EXPECT_NE(busy.out.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos) << busy.out;
+  const test::CommandResult untrained =
+      test::run_hone("serve --model_name_or_path bert-tiny --tokenizer_name " + dir_.path + " --device cpu --port 0");
+  EXPECT_EQ(untrained.code, 1) << untrained.out;
+  EXPECT_NE(untrained.out.find("serving needs trained weights"), std::string::npos) << untrained.out;
   const auto [code, log] = stop();
   EXPECT_EQ(code, 0) << log;
   EXPECT_NE(log.find("stopped by SIGTERM"), std::string::npos) << log;

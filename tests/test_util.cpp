@@ -111,6 +111,17 @@ std::vector<double> logged_losses(const std::string& output_dir) {
   return losses;
 }
 
+std::vector<std::string> evaluations(const std::string& output_dir) {
+  std::vector<std::string> out;
+  std::ifstream f(output_dir + "/trainer_state.json");
+  const nlohmann::json state = nlohmann::json::parse(f);
+  for (const auto& h : state["log_history"])
+    if (h.contains("eval_loss")) out.push_back(h.dump());
+  std::ifstream last(output_dir + "/eval_results.json");
+  out.push_back(nlohmann::json::parse(last).dump());
+  return out;
+}
+
 CommandResult run_command(const std::string& cmd) {
   std::FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   if (!p) return {-1, "popen failed: " + cmd};

@@ -61,6 +61,9 @@ std::string save_random_model(const std::string& dir, const BertConfig& c, uint6
 std::string save_dropout_free_tiny_model(const std::string& dir, int hidden, int intermediate);
 // The "loss" of every line of output_dir/trainer_log.jsonl, in order.
 std::vector<double> logged_losses(const std::string& output_dir);
+// Every evaluation of a finished run in output_dir: those in trainer_state.json's history,
+// then eval_results.json's (each as "key": value text, for the caller to parse).
+std::vector<std::string> evaluations(const std::string& output_dir);
 
 // Runs a shell command; its stdout and stderr together, and its exit code (-1 if it did
 // not exit normally).

@@ -171,12 +171,7 @@ TEST(TextTraining, TwoRanksEvaluateAsOneProcess) {
   ASSERT_EQ(two.code, 0) << two.out;
   auto evals = [&](const std::string& out) {
     std::vector<nlohmann::json> e;
-    std::ifstream f(s.dir.path + "/" + out + "/trainer_state.json");
-    const nlohmann::json state = nlohmann::json::parse(f);
-    for (const auto& h : state["log_history"])
-      if (h.contains("eval_loss")) e.push_back(h);
-    std::ifstream last(s.dir.path + "/" + out + "/eval_results.json");
-    e.push_back(nlohmann::json::parse(last));
+    for (const std::string& j : test::evaluations(s.dir.path + "/" + out)) e.push_back(nlohmann::json::parse(j));
     return e;
   };
   const std::vector<nlohmann::json> a = evals("one"), b = evals("two");

@@ -254,7 +254,8 @@ class TrainingRun {
   bool master_sharded_ = false;
   Tensor master_shard_;
   Tensor exchange_;  // several ranks: what crosses between them in chunks (weights, evaluation)
-  Tensor rank_range(const Tensor& flat, int rank) const;  // rank's groups of a flat buffer
+  std::pair<int64_t, int64_t> rank_span(int rank) const;  // [begin, end) of rank's groups
+  Tensor rank_range(const Tensor& flat, int rank) const;  // those elements of a flat buffer
   Tensor master() const { return master_sharded_ ? master_shard_ : model_->weights(); }
   void share_updated_weights();  // each owner's updated weights to every rank
   bool keeps_grads(int group) const { return !shards_grads() || owner_[size_t(group)] == sharding_.rank; }

@@ -3,11 +3,14 @@
 // a shutdown that answers the requests already taken.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -45,8 +48,7 @@ extern "C" void on_serve_stop_signal(int sig) {
 }
 
 void answer_error(httplib::Response& res, int status, const std::string& message) {
-  const char* type = status == 503 ? "overloaded" : status == 413 ? "validation" : status >= 500 ? "backend"
-                                                                                                 : "validation";
+  const char* type = status == 503 ? "overloaded" : status >= 500 ? "backend" : "validation";
   res.status = status;
   res.set_content(nlohmann::json{{"error", message}, {"error_type", type}}.dump(), "application/json");
 }
@@ -111,6 +113,12 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   // An answer's header and body leave in separate writes: with Nagle's algorithm the body
   // would wait for the client's delayed ACK of the header (40 ms).
   server.set_tcp_nodelay(true);
+  // SO_REUSEADDR alone: httplib's default adds SO_REUSEPORT, which lets a second server bind
+  // the same port and share its connections instead of failing.
+  server.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"status\":\"ok\"}", "application/json");
   });
@@ -166,7 +174,7 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM})
     if (sigaction(sig, &sa, nullptr) != 0) fail("cannot install a handler for {}: {}", signal_name(sig), std::strerror(errno));
-  int stopped_by = 0;
+  std::atomic<int> stopped_by{0};
   std::thread waiter([&] {
     unsigned char b = 0;
     while (::read(stop_pipe[0], &b, 1) < 0 && errno == EINTR) {
@@ -178,6 +186,7 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   if (stopped_by == 0) on_serve_stop_signal(0);        // the waiter's wake-up, when the server ended by itself
   waiter.join();
   for (int sig : {SIGINT, SIGTERM}) std::signal(sig, SIG_DFL);
+  for (int& fd : stop_pipe) ::close(std::exchange(fd, -1));
   if (!ok && stopped_by == 0) fail("the server on {}:{} stopped unexpectedly", o.host, port);
   batcher.stop();
   const Batcher::Stats s = batcher.stats();

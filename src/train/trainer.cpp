@@ -290,8 +290,7 @@ void TrainingRun::write_weights(const float* host) {
   if (master_sharded_) {
     // This rank's master shard, and the half copy of every weight rounded on the device
     // (as cast rounds), the host's weights going up a chunk at a time.
-    const int64_t base = model_->layout().groups()[size_t(bounds_[size_t(sharding_.rank)])].begin;
-    ops::copy(be_, host_tensor(host + base, DType::F32, master_shard_.shape), master_shard_);
+    ops::copy(be_, host_tensor(host + rank_span(sharding_.rank).first, DType::F32, master_shard_.shape), master_shard_);
     const Tensor& half = model_->compute_weights();
     const int64_t n = half.numel(), chunk = exchange_.numel();
     for (int64_t at = 0; at < n; at += chunk) {
@@ -439,9 +438,14 @@ void TrainingRun::reduce_grads() {
   grads_reduced_ = false;
 }
 
-Tensor TrainingRun::rank_range(const Tensor& flat, int r) const {
+std::pair<int64_t, int64_t> TrainingRun::rank_span(int r) const {
   const std::vector<ParamGroup>& groups = model_->layout().groups();
-  return flat.rows(groups[size_t(bounds_[size_t(r)])].begin, groups[size_t(bounds_[size_t(r) + 1] - 1)].end);
+  return {groups[size_t(bounds_[size_t(r)])].begin, groups[size_t(bounds_[size_t(r) + 1] - 1)].end};
+}
+
+Tensor TrainingRun::rank_range(const Tensor& flat, int r) const {
+  const auto [begin, end] = rank_span(r);
+  return flat.rows(begin, end);
 }
 
 void TrainingRun::update_shard(BufferSource& mem) {
@@ -478,7 +482,7 @@ void TrainingRun::init_weights(uint64_t seed) {
   const ParamLayout& layout = model_->layout();
   // With sharded master weights each rank draws its own groups' (every parameter has a
   // stream of its own, so the draws are those of one process) and the owners share them.
-  const int64_t base = master_sharded_ ? layout.groups()[size_t(bounds_[size_t(sharding_.rank)])].begin : 0;
+  const int64_t base = master_sharded_ ? rank_span(sharding_.rank).first : 0;
   for (size_t i = 0; i < layout.entries().size(); ++i) {
     ParamEntry e = layout.entries()[i];
     if (master_sharded_ && owner_[size_t(e.group)] != sharding_.rank) continue;
@@ -556,10 +560,9 @@ void TrainingRun::read_weights(float* host) {
                "read_weights of a run whose master weights are sharded over {} ranks, before distribute()",
                sharding_.world_size);
     // Each owner's share in chunks through the staging buffer, to every rank.
-    const std::vector<ParamGroup>& groups = model_->layout().groups();
     const int64_t chunk = exchange_.numel();
     for (int r = 0; r < sharding_.world_size; ++r) {
-      const int64_t begin = groups[size_t(bounds_[size_t(r)])].begin, end = groups[size_t(bounds_[size_t(r) + 1] - 1)].end;
+      const auto [begin, end] = rank_span(r);
       for (int64_t at = begin; at < end; at += chunk) {
         const int64_t m = std::min(chunk, end - at);
         Tensor staging = exchange_.rows(0, m);

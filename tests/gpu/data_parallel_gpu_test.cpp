@@ -22,12 +22,25 @@ int gpus() {
   return r.code == 0 ? std::atoi(r.out.c_str()) : 0;
 }
 
+// Whether two GPUs and NCCL are here (and, with mixed, bf16); else why not.
+bool two_gpus(std::string* why, bool mixed = false) {
+  if (!cuda_available(why)) return false;
+  if (mixed && !mixed_precision_available(why)) return false;
+  if (!have_nccl()) {
+    *why = "this build has no NCCL";
+    return false;
+  }
+  if (gpus() < 2) {
+    *why = "fewer than two GPUs (" + std::to_string(gpus()) + ")";
+    return false;
+  }
+  return true;
+}
+
 // ranks_flags: more flags for the two ranks, which take batches of 8 unless they say.
 void expect_two_gpus_equal_one(const std::string& precision, double tolerance, const std::string& ranks_flags = "") {
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
-  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  if (!two_gpus(&why)) GTEST_SKIP() << why;
   test::TempDir tmp;
   const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
   const std::string common = "--model_name_or_path " + model +
@@ -85,10 +98,7 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
 // reduces to the owners, in another order: the losses of one GPU within bf16's rounding.
 TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsModel) {
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
-  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
-  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  if (!two_gpus(&why, true)) GTEST_SKIP() << why;
   test::TempDir tmp;
   const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
   auto launch = [&](const std::string& name, const std::string& flags) {
@@ -131,9 +141,7 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
 // with a learning rate of 0 the metrics of every evaluation are one GPU's.
 TEST(DataParallelGpu, EvaluationOnTwoGpusIsOneGpus) {
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
-  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  if (!two_gpus(&why)) GTEST_SKIP() << why;
   test::TempDir tmp;
   std::ofstream vocab(tmp.path + "/vocab.txt");
   const char* words[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "film", "was", "good", "bad", "."};
@@ -160,12 +168,7 @@ TEST(DataParallelGpu, EvaluationOnTwoGpusIsOneGpus) {
   ASSERT_EQ(two.code, 0) << two.out;
   auto evals = [&](const std::string& out) {
     std::vector<nlohmann::json> e;
-    std::ifstream f(tmp.path + "/" + out + "/trainer_state.json");
-    const nlohmann::json state = nlohmann::json::parse(f);
-    for (const auto& h : state["log_history"])
-      if (h.contains("eval_loss")) e.push_back(h);
-    std::ifstream last(tmp.path + "/" + out + "/eval_results.json");
-    e.push_back(nlohmann::json::parse(last));
+    for (const std::string& j : test::evaluations(tmp.path + "/" + out)) e.push_back(nlohmann::json::parse(j));
     return e;
   };
   const std::vector<nlohmann::json> a = evals("one"), b = evals("two");
@@ -180,9 +183,7 @@ TEST(DataParallelGpu, EvaluationOnTwoGpusIsOneGpus) {
 // A ZeRO-1 checkpoint of two GPUs resumes on one, continuing the uninterrupted run.
 TEST(DataParallelGpu, ZeroCheckpointResumesOnOneGpu) {
   std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
-  if (gpus() < 2) GTEST_SKIP() << "fewer than two GPUs (" << gpus() << ")";
+  if (!two_gpus(&why)) GTEST_SKIP() << why;
   test::TempDir tmp;
   const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
   const std::string common = "--model_name_or_path " + model +
