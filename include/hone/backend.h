@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "hone/philox.h"
 #include "hone/tensor.h"
@@ -179,6 +180,8 @@ constexpr int kScalerSize = 2;    // F32 [2]: scale, clean steps since the scale
 // Tensors per multi-tensor backend call; the ops wrappers split longer lists.
 constexpr int kMaxTensorList = 48;
 
+class OpProfiler;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -188,14 +191,20 @@ class Backend {
   // While set, the ops.h wrappers check shapes and return without computing: the
   // memory planner runs the real training code this way.
   bool dry_run = false;
+  // While set, the ops.h wrappers report each op they dispatch to it (hone profile).
+  OpProfiler* profiler = nullptr;
 
  protected:
   SpanSeconds span_seconds_{};  // accumulated since the last take_span_seconds
   StepSpan span_ = StepSpan::Other;
 
+  // What mark() does besides telling the profiler.
+  virtual void record_mark(StepSpan s);
+
  private:
   std::chrono::steady_clock::time_point span_start_{};
   bool span_started_ = false;
+  std::vector<std::chrono::steady_clock::time_point> stamps_;
 
  public:
 
@@ -252,12 +261,23 @@ class Backend {
   virtual void free_recording(int) noexcept {}  // a recording no longer wanted
 
   // Step timing, for the summary's time split: the wall clock between marks on the CPU;
-  // events on the stream on a GPU, read without stalling it. No-ops in a dry run.
-  virtual void mark(StepSpan s);
+  // events on the stream on a GPU, read without stalling it. No-ops in a dry run. A
+  // profiler attached learns the phase too.
+  void mark(StepSpan s);
   // Seconds in each span since the last call; waits for queued work first.
   virtual SpanSeconds take_span_seconds();
   // Waits for queued work (a no-op on the CPU); used before host reads and timing.
   virtual void synchronize() {}
+
+  // Op timing (hone profile): stamp() notes the time at this point of the queued work (an
+  // event on a GPU's stream, the clock on the CPU); take_stamps() waits for the work and
+  // returns each stamp's seconds since the first, then forgets them.
+  virtual void stamp();
+  virtual std::vector<double> take_stamps();
+  // Named ranges for an outside profiler (NVTX on a GPU, which Nsight Systems shows); none
+  // on the CPU.
+  virtual void push_range(const char*) {}
+  virtual void pop_range() {}
 
   virtual void fill(Tensor& x, float value) = 0;  // F32, BF16 or F16 (value rounded to nearest even)
   // F32: elements 2k and 2k + 1 = normal_pair(seed, stream, k, std) (hone/normal.h), the

@@ -19,6 +19,12 @@ struct ServeOptions {
   int64_t max_request_bytes = int64_t(4) << 20;
 };
 int serve_command(const TrainingArguments& a, const ServeOptions& o);
+struct ProfileOptions {
+  int skip_steps = 2;     // updates run before profiling: lazily loaded kernels, the products' algorithm choice
+  int profile_steps = 5;  // updates profiled
+};
+int profile_command(const TrainingArguments& a, const ProfileOptions& o);
+
 // memory_budget: empty, a size ("16GB") or "gpu" (see `hone estimate --help`); world_size:
 // the data-parallel ranks whose per-rank plans to print.
 int estimate_command(const TrainingArguments& a, bool list_buffers, const std::string& memory_budget,

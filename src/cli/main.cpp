@@ -1,4 +1,4 @@
-// The hone executable: `hone train`, `launch`, `predict`, `serve`, `estimate`, `env` and `tokenize`.
+// The hone executable: `hone train`, `launch`, `predict`, `serve`, `profile`, `estimate`, `env` and `tokenize`.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -40,6 +40,17 @@ int main(int argc, char** argv) {
   serve->add_option("--max_concurrent_requests", serve_options.max_concurrent_requests,
                     "connections served at once, each by a thread of its own (default 512)")
       ->check(CLI::PositiveNumber);
+  TrainingArguments profile_args;
+  CLI::App* profile = app.add_subcommand(
+      "profile", "time every op of a few training steps: the operation anatomy by class and phase against this "
+                 "device's roofline, with profile.json, a Chrome trace and profile.svg in output_dir");
+  add_training_arguments(*profile, profile_args);
+  cli::ProfileOptions profile_options;
+  profile->add_option("--profile_steps", profile_options.profile_steps, "optimizer steps profiled (default 5)")
+      ->check(CLI::PositiveNumber);
+  profile->add_option("--skip_steps", profile_options.skip_steps,
+                      "optimizer steps run before profiling starts (default 2)")
+      ->check(CLI::NonNegativeNumber);
   CLI::App* est = app.add_subcommand("estimate", "print the memory plan of a run without running it");
   add_training_arguments(*est, estimate_args);
   est->add_flag("--list_buffers", list_buffers, "also list every planned buffer");
@@ -80,6 +91,11 @@ int main(int argc, char** argv) {
     if (predict->parsed()) {
       validate(predict_args);
       return cli::predict_command(predict_args);
+    }
+    if (profile->parsed()) {
+      validate(profile_args);
+      apply_deepspeed(profile_args);
+      return cli::profile_command(profile_args, profile_options);
     }
     if (serve->parsed()) {
       validate(serve_args);

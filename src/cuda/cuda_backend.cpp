@@ -1,6 +1,7 @@
 #include "cuda/cuda_backend.h"
 
 #include <fmt/format.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <sys/mman.h>
 
@@ -78,6 +79,7 @@ CudaBackend::~CudaBackend() {
     if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : transfer_events_)
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : stamp_events_) cudaEventDestroy(e);
   if (gemm_workspace_) cudaFree(gemm_workspace_);
   if (ones_bf16_) cudaFree(ones_bf16_);
   if (ones_f16_) cudaFree(ones_f16_);
@@ -173,7 +175,7 @@ void CudaBackend::deallocate_host(void* p) noexcept {
   cudaFreeHost(p);
 }
 
-void CudaBackend::mark(StepSpan s) {
+void CudaBackend::record_mark(StepSpan s) {
   if (dry_run) return;
   if (recording_) {  // a new segment, which replay() will mark
     finish_segment();
@@ -197,6 +199,33 @@ void CudaBackend::read_marks(int64_t upto) {
     span_seconds_[size_t(mark_spans_[i])] += double(ms) / 1e3;
   }
 }
+
+void CudaBackend::stamp() {
+  HONE_CHECK(!recording_, "op timing while recording a CUDA graph");
+  if (stamps_used_ == stamp_events_.size()) {
+    cudaEvent_t e = nullptr;
+    HONE_CUDA_CHECK(cudaEventCreate(&e));
+    stamp_events_.push_back(e);
+  }
+  HONE_CUDA_CHECK(cudaEventRecord(stamp_events_[stamps_used_++], stream_));
+}
+
+std::vector<double> CudaBackend::take_stamps() {
+  std::vector<double> out;
+  if (stamps_used_ == 0) return out;
+  HONE_CUDA_CHECK(cudaEventSynchronize(stamp_events_[stamps_used_ - 1]));
+  out.reserve(stamps_used_);
+  for (size_t i = 0; i < stamps_used_; ++i) {
+    float ms = 0;
+    HONE_CUDA_CHECK(cudaEventElapsedTime(&ms, stamp_events_.front(), stamp_events_[i]));
+    out.push_back(double(ms) / 1e3);
+  }
+  stamps_used_ = 0;
+  return out;
+}
+
+void CudaBackend::push_range(const char* name) { nvtxRangePushA(name); }
+void CudaBackend::pop_range() { nvtxRangePop(); }
 
 SpanSeconds CudaBackend::take_span_seconds() {
   if (marks_recorded_ > 0) {

@@ -52,9 +52,13 @@ class CudaBackend final : public Backend {
   void replay(int recording) override;
   void free_recording(int recording) noexcept override;
   bool recording() const { return recording_; }
-  void mark(StepSpan s) override;
+  void record_mark(StepSpan s) override;
   SpanSeconds take_span_seconds() override;
   void synchronize() override;
+  void stamp() override;
+  std::vector<double> take_stamps() override;
+  void push_range(const char* name) override;
+  void pop_range() override;
 
   void fill(Tensor& x, float value) override;
   void fill_normal(Tensor& x, float std, uint64_t seed, uint64_t stream) override;
@@ -208,6 +212,9 @@ class CudaBackend final : public Backend {
   cudaEvent_t mark_events_[kMarkRing] = {};
   StepSpan mark_spans_[kMarkRing] = {};
   int64_t marks_recorded_ = 0, marks_read_ = 0;
+  // Op timing (hone profile): events created as first needed, reused by later profiles.
+  std::vector<cudaEvent_t> stamp_events_;
+  size_t stamps_used_ = 0;
   void read_marks(int64_t upto);  // accumulates the spans of marks [marks_read_, upto)
   cublasLtHandle_t lt_ = nullptr;
   void* gemm_workspace_ = nullptr;

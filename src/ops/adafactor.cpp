@@ -35,6 +35,9 @@ void adafactor(Backend& be, const AdafactorTensor& t, const Tensor& scalars, con
   detail::expect(op, "norm_coef", norm_coef, DType::F32, {kNormCoefSize});
   detail::expect(op, "workspace", workspace, DType::F32, {be.adafactor_workspace_elems(t.rows, t.cols)});
   if (be.dry_run) return;
+  // The gradient read twice (statistics, then the update), param and m read and written.
+  detail::OpScope scope(be, op, OpClass::Optimizer,
+                        {0, detail::bytes(t.param, t.param, t.grad, t.grad, t.half, t.m, t.m, t.v, t.v, t.row, t.col)});
   be.adafactor(t, scalars, norm_coef, workspace);
 }
 

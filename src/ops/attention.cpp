@@ -38,6 +38,15 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
     fail("{}: workspace has {} elements, expected at least {}", op, workspace.numel(), need);
 }
 
+// Q K^T and P V over every (batch, head): 2 * 2 * S * S * head_dim each.
+double attention_flops(const AttentionDims& d) {
+  return 4.0 * d.batch * d.heads * double(d.seq) * d.seq * d.head_dim;
+}
+
+double keep_bytes(const Backend& be, const AttentionDims& d, DType t, const DropoutSpec& drop, const Tensor& keep) {
+  return be.attention_keep_words(d, t) > 0 && drop.p > 0.0f ? double(keep.bytes()) : 0.0;
+}
+
 }  // namespace
 
 int attention_keep_words(const Backend& be, const AttentionDims& d, DType t, const DropoutSpec& drop) {
@@ -49,6 +58,8 @@ void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const
   check_attention("attention_forward", be, d, drop, qkv, mask, stats, keep, workspace);
   detail::expect("attention_forward", "ctx", ctx, qkv.dtype, {int64_t(d.batch) * d.seq, d.hidden()});
   if (be.dry_run) return;
+  detail::OpScope scope(be, "attention_forward", OpClass::Attention,
+                        {attention_flops(d), detail::bytes(qkv, mask, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)});
   be.attention_forward(qkv, mask, d, drop, stats, keep, ctx, workspace);
 }
 
@@ -61,6 +72,10 @@ void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, cons
   detail::expect("attention_backward", "ctx", ctx, qkv.dtype, {tokens, d.hidden()});
   detail::expect("attention_backward", "dqkv", dqkv, qkv.dtype, {tokens, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
+  // Twice the forward's products (dV, dP, dQ and dK); the recomputed scores are not counted.
+  detail::OpScope scope(be, "attention_backward", OpClass::Attention,
+                        {2 * attention_flops(d), detail::bytes(dctx, qkv, ctx, mask, stats, dqkv) +
+                                                     keep_bytes(be, d, qkv.dtype, drop, keep)});
   be.attention_backward(dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
 }
 

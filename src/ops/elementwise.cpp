@@ -26,6 +26,7 @@ void activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y) {
   detail::expect_compute(be, "activation_forward", "x", x);
   check_same("activation_forward", "y", y, "x", x);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "activation_forward", OpClass::Elementwise, {0, detail::bytes(x, y)});
   be.activation_forward(a, x, y);
 }
 
@@ -34,6 +35,7 @@ void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tens
   check_same("activation_backward", "dy", dy, "x", x);
   check_same("activation_backward", "dx", dx, "x", x);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "activation_backward", OpClass::Elementwise, {0, detail::bytes(dy, x, dx)});
   be.activation_backward(a, dy, x, dx);
 }
 
@@ -41,6 +43,7 @@ void tanh_forward(Backend& be, const Tensor& x, Tensor& y) {
   detail::expect_compute(be, "tanh_forward", "x", x);
   check_same("tanh_forward", "y", y, "x", x);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "tanh_forward", OpClass::Elementwise, {0, detail::bytes(x, y)});
   be.tanh_forward(x, y);
 }
 
@@ -49,6 +52,7 @@ void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx) {
   check_same("tanh_backward", "dy", dy, "y", y);
   check_same("tanh_backward", "dx", dx, "y", y);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "tanh_backward", OpClass::Elementwise, {0, detail::bytes(dy, y, dx)});
   be.tanh_backward(dy, y, dx);
 }
 
@@ -57,6 +61,7 @@ void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y) {
   detail::expect_compute(be, "dropout", "x", x);
   check_same("dropout", "y", y, "x", x);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "dropout", OpClass::Elementwise, {0, detail::bytes(x, y)});
   be.dropout(x, d, y);
 }
 
@@ -66,6 +71,7 @@ void dropout_add(Backend& be, const Tensor& x, const Tensor& residual, const Dro
   check_same("dropout_add", "residual", residual, "x", x);
   check_same("dropout_add", "out", out, "x", x);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "dropout_add", OpClass::Elementwise, {0, detail::bytes(x, residual, out)});
   be.dropout_add(x, residual, d, out);
 }
 

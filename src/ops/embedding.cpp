@@ -54,6 +54,8 @@ void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, cons
       check_embedding("embedding_forward", ids, types, seq, out.dtype, word, "word", pos, "pos", type, "type");
   detail::expect_shape("embedding_forward", "out", out, {ids.numel(), hidden});
   if (be.dry_run) return;
+  // Three rows gathered per token, summed into one.
+  detail::OpScope scope(be, "embedding_forward", OpClass::Elementwise, {0, detail::bytes(ids, types, out, out, out, out)});
   be.embedding_forward(ids, types, word, pos, type, seq, out);
 }
 
@@ -64,18 +66,23 @@ void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, cons
   detail::expect_compute(be, "embedding_backward", "dout", dout);
   detail::expect_shape("embedding_backward", "dout", dout, {ids.numel(), hidden});
   if (be.dry_run) return;
+  // Each token's gradient added into three F32 rows (read and written).
+  detail::OpScope scope(be, "embedding_backward", OpClass::Elementwise,
+                        {0, detail::bytes(dout, ids, types) + 6.0 * double(dout.numel()) * sizeof(float)});
   be.embedding_backward(dout, ids, types, seq, dword, dpos, dtype);
 }
 
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out) {
   check_first_tokens(be, "gather_first_tokens", hidden, "hidden", out, "out", seq);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "gather_first_tokens", OpClass::Copy, {0, detail::bytes(out, out)});
   be.gather_first_tokens(hidden, seq, out);
 }
 
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden) {
   check_first_tokens(be, "scatter_first_tokens", dhidden, "dhidden", dout, "dout", seq);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "scatter_first_tokens", OpClass::Copy, {0, detail::bytes(dout, dhidden)});
   be.scatter_first_tokens(dout, seq, dhidden);
 }
 

@@ -34,6 +34,8 @@ void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const 
   detail::expect("layernorm_forward", "beta", beta, x.dtype, {cols});
   detail::expect("layernorm_forward", "y", y, x.dtype, x.shape);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "layernorm_forward", OpClass::Normalization,
+                        {8.0 * double(x.numel()), detail::bytes(x, gamma, beta, y, mean, rstd)});
   be.layernorm_forward(x, gamma, beta, eps, y, mean, rstd);
 }
 
@@ -45,6 +47,8 @@ void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Te
   detail::expect("layernorm_backward", "dgamma", dgamma, DType::F32, {cols});
   detail::expect("layernorm_backward", "dbeta", dbeta, DType::F32, {cols});
   if (be.dry_run) return;
+  detail::OpScope scope(be, "layernorm_backward", OpClass::Normalization,
+                        {12.0 * double(x.numel()), detail::bytes(dy, x, gamma, mean, rstd, dx, dgamma, dgamma, dbeta, dbeta)});
   be.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
 }
 
@@ -61,6 +65,8 @@ void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& r
   if (be.dry_run) return;
   detail::expect_disjoint(op, {{"sum", sum}, {"y", y}, {"mean", mean}, {"rstd", rstd}},
                           {{"x", x}, {"residual", residual}, {"gamma", gamma}, {"beta", beta}}, {"sum", "x"});
+  detail::OpScope scope(be, op, OpClass::Normalization,
+                        {10.0 * double(x.numel()), detail::bytes(x, residual, gamma, beta, sum, y, mean, rstd)});
   be.dropout_add_layernorm_forward(x, residual, d, gamma, beta, eps, sum, y, mean, rstd);
 }
 
@@ -79,6 +85,9 @@ void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum
   detail::expect_disjoint(op, {{"dsum", dsum}, {"dx", dx}, {"dgamma", dgamma}, {"dbeta", dbeta}},
                           {{"dy", dy}, {"sum", sum}, {"gamma", gamma}, {"mean", mean}, {"rstd", rstd}},
                           {"dx", "dy"});
+  detail::OpScope scope(be, op, OpClass::Normalization,
+                        {14.0 * double(sum.numel()),
+                         detail::bytes(dy, sum, gamma, mean, rstd, dsum, dx, dgamma, dgamma, dbeta, dbeta)});
   be.layernorm_dropout_backward(dy, sum, gamma, mean, rstd, d, dsum, dx, dgamma, dbeta);
 }
 

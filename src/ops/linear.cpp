@@ -36,6 +36,8 @@ void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor*
   if (b) detail::expect("linear_forward", "b", *b, x.dtype, {n});
   detail::expect("linear_forward", "y", y, x.dtype, {m, n});
   if (be.dry_run) return;
+  detail::OpScope scope(be, "linear_forward", OpClass::Contraction,
+                        {2.0 * double(m) * double(k) * double(n), detail::bytes(x, w, y) + detail::bytes_if(b)});
   be.linear_forward(x, w, b, y);
 }
 
@@ -47,6 +49,11 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
   detail::expect("linear_backward", "dw", dw, DType::F32, {n, k});
   if (db) detail::expect("linear_backward", "db", *db, DType::F32, {n});
   if (be.dry_run) return;
+  // dw is read and written (it accumulates); dx too when accumulating.
+  detail::OpScope scope(be, "linear_backward", OpClass::Contraction,
+                        {(dx ? 4.0 : 2.0) * double(m) * double(k) * double(n),
+                         detail::bytes(dy, x, w, dw, dw) + detail::bytes_if(dx) * (accumulate_dx ? 2 : 1) +
+                             2 * detail::bytes_if(db)});
   be.linear_backward(dy, x, w, dx, accumulate_dx, dw, db);
 }
 
@@ -60,6 +67,8 @@ void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const
   if (be.dry_run) return;
   const Tensor none;
   detail::expect_disjoint(op, {{"pre", pre}, {"y", y}}, {{"x", x}, {"w", w}, {"b", b ? *b : none}}, {});
+  detail::OpScope scope(be, op, OpClass::Contraction,
+                        {2.0 * double(m) * double(k) * double(n), detail::bytes(x, w, pre, y) + detail::bytes_if(b)});
   be.linear_activation_forward(a, x, w, b, pre, y);
 }
 
@@ -81,6 +90,9 @@ void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, con
   const Tensor none;
   detail::expect_disjoint(op, {{"y", y}, {"dpre", dpre}, {"dw", dw}, {"db", db ? *db : none}},
                           {{"dy", dy}, {"pre", pre}, {"w", w}}, {});
+  detail::OpScope scope(be, op, OpClass::Contraction,
+                        {4.0 * double(m) * double(k) * double(n),
+                         detail::bytes(dy, pre, w, y, dpre, dw, dw) + 2 * detail::bytes_if(db)});
   be.activation_linear_backward(a, dy, pre, w, y, dpre, dw, db);
 }
 

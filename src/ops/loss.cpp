@@ -28,6 +28,7 @@ void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, floa
   detail::expect("cross_entropy", "loss", loss, DType::F32, {1});
   detail::expect("cross_entropy", "dlogits", dlogits, logits.dtype, logits.shape);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "cross_entropy", OpClass::Normalization, {0, detail::bytes(logits, labels, loss, dlogits)});
   be.cross_entropy(logits, labels, grad_scale, loss_scale, loss, dlogits);
 }
 
@@ -42,6 +43,7 @@ void mse(Backend& be, const Tensor& pred, const Tensor& target, float grad_scale
   detail::expect("mse", "loss", loss, DType::F32, {1});
   detail::expect("mse", "dpred", dpred, pred.dtype, pred.shape);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "mse", OpClass::Normalization, {0, detail::bytes(pred, target, loss, dpred)});
   be.mse(pred, target, grad_scale, loss_scale, loss, dpred);
 }
 

@@ -1,5 +1,6 @@
 // fill, fill_normal, copy, read.
 #include <cblas.h>
+#include <omp.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -18,12 +19,14 @@ namespace ops {
 void fill(Backend& be, Tensor& x, float value) {
   detail::expect_compute(be, "fill", "x", x);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "fill", OpClass::Elementwise, {0, detail::bytes(x)});
   be.fill(x, value);
 }
 
 void fill_normal(Backend& be, Tensor& x, float std, uint64_t seed, uint64_t stream) {
   detail::expect_dtype("fill_normal", "x", x, DType::F32);
   if (be.dry_run) return;
+  detail::OpScope scope(be, "fill_normal", OpClass::Elementwise, {0, detail::bytes(x)});
   be.fill_normal(x, std, seed, stream);
 }
 
@@ -32,6 +35,7 @@ void copy(Backend& be, const Tensor& src, Tensor& dst) {
     fail("copy: src has {} bytes ({} {}), dst has {} bytes ({} {})", src.bytes(), dtype_name(src.dtype),
          src.shape.str(), dst.bytes(), dtype_name(dst.dtype), dst.shape.str());
   if (be.dry_run) return;
+  detail::OpScope scope(be, "copy", OpClass::Copy, {0, detail::bytes(src, dst)});
   be.copy(src, dst);
 }
 
@@ -44,6 +48,7 @@ void cast(Backend& be, const Tensor& src, Tensor& dst) {
   if (src.numel() != dst.numel())
     fail("cast: src has {} elements ({}), dst {} ({})", src.numel(), src.shape.str(), dst.numel(), dst.shape.str());
   if (be.dry_run) return;
+  detail::OpScope scope(be, "cast", OpClass::Copy, {0, detail::bytes(src, dst)});
   be.cast(src, dst);
 }
 
@@ -66,12 +71,28 @@ void* CpuBackend::allocate(size_t bytes) { return Backend::allocate_host(bytes);
 void CpuBackend::deallocate(void* p) noexcept { Backend::deallocate_host(p); }
 
 void Backend::mark(StepSpan s) {
+  if (profiler) profiler->set_phase(s);
+  record_mark(s);
+}
+
+void Backend::record_mark(StepSpan s) {
   if (dry_run) return;
   const auto now = std::chrono::steady_clock::now();
   if (span_started_) span_seconds_[size_t(span_)] += std::chrono::duration<double>(now - span_start_).count();
   span_start_ = now;
   span_started_ = true;
   span_ = s;
+}
+
+void Backend::stamp() { stamps_.push_back(std::chrono::steady_clock::now()); }
+
+std::vector<double> Backend::take_stamps() {
+  synchronize();
+  std::vector<double> out;
+  out.reserve(stamps_.size());
+  for (const auto& t : stamps_) out.push_back(std::chrono::duration<double>(t - stamps_.front()).count());
+  stamps_.clear();
+  return out;
 }
 
 Backend::Transfer Backend::transfer_to_host(const Tensor& src, Tensor& host_dst) {
@@ -120,7 +141,21 @@ void CpuBackend::fill_normal(Tensor& x, float std, uint64_t seed, uint64_t strea
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   HONE_CHECK(src.bytes() == dst.bytes(), "copy of {} bytes into {}", src.bytes(), dst.bytes());
-  if (src.data != dst.data && src.bytes() > 0) std::memcpy(dst.data, src.data, src.bytes());
+  const size_t n = src.bytes();
+  if (src.data == dst.data || n == 0) return;
+  // One thread does not reach the memory's bandwidth: large copies take every core.
+  if (n < (size_t(1) << 20)) {
+    std::memcpy(dst.data, src.data, n);
+    return;
+  }
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+#pragma omp parallel
+  {
+    const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
+    const size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    std::memcpy(to + lo, from + lo, hi - lo);
+  }
 }
 
 void CpuBackend::read(const Tensor& src, float* host, size_t n) {

@@ -7,8 +7,33 @@
 
 #include "hone/backend.h"
 #include "hone/philox.h"
+#include "hone/profile.h"
 
 namespace hone::ops::detail {
+
+// Reports the op being dispatched to the backend's profiler, when one is attached; it
+// times the op from construction to destruction.
+class OpScope {
+ public:
+  OpScope(Backend& be, const char* name, OpClass c, OpCost cost = {}) : p_(be.profiler) {
+    if (p_) p_->begin_op(name, c, cost);
+  }
+  ~OpScope() {
+    if (p_) p_->end_op();
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  OpProfiler* p_;
+};
+
+// The bytes of tensors read or written once each (none of an empty tensor's).
+inline double bytes_if(const Tensor* t) { return t && t->data ? double(t->bytes()) : 0.0; }
+template <typename... T>
+inline double bytes(const T&... t) {
+  return (0.0 + ... + bytes_if(&t));
+}
 
 inline void expect_dtype(const char* op, const char* name, const Tensor& t, DType want) {
   if (t.dtype != want) fail("{}: {} has dtype {}, expected {}", op, name, dtype_name(t.dtype), dtype_name(want));

@@ -17,6 +17,9 @@ void sum_squares(Backend& be, const Tensor* xs, int count, Tensor& out) {
   for (int i = 0; i < count; ++i) detail::expect_dtype("sum_squares", "x", xs[i], DType::F32);
   detail::expect("sum_squares", "out", out, DType::F32, {1});
   if (be.dry_run) return;
+  double read = 0;
+  for (int i = 0; i < count; ++i) read += double(xs[i].bytes());
+  detail::OpScope scope(be, "sum_squares", OpClass::Optimizer, {read / 2, read});
   for (int first = 0; first < count; first += kMaxTensorList)
     be.sum_squares(xs + first, std::min(kMaxTensorList, count - first), out);
 }
@@ -29,6 +32,7 @@ void clip_coefficient(Backend& be, const Tensor& sumsq, float max_norm, Tensor& 
   if (!(ls.growth_factor > 1 && ls.backoff_factor > 0 && ls.backoff_factor < 1 && ls.growth_interval >= 1))
     fail("clip_coefficient: loss scaling needs growth_factor > 1, 0 < backoff_factor < 1 and growth_interval >= 1");
   if (be.dry_run) return;
+  detail::OpScope scope(be, "clip_coefficient", OpClass::Optimizer);
   be.clip_coefficient(sumsq, max_norm, norm_coef, scaler, ls);
 }
 
@@ -61,6 +65,10 @@ void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s,
              slices[i].weight_decay, s.weight_decay);
   }
   if (be.dry_run) return;
+  // Each element: param, m and v read and written, grad read, the half copy written.
+  double moved = 0;
+  for (int i = 0; i < count; ++i) moved += detail::bytes(slices[i].param) * 7 + detail::bytes(slices[i].half);
+  detail::OpScope scope(be, "adamw", OpClass::Optimizer, {0, moved});
   for (int first = 0; first < count; first += kMaxTensorList)
     be.adamw(slices + first, std::min(kMaxTensorList, count - first), s, norm_coef);
 }
