@@ -6,6 +6,8 @@ build_bench_hone() {
   if [ ! -f build-bench/build.ninja ]; then
     if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
       for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
+      # Their pkg-config files name /usr: point them where they were unpacked.
+      sed -i 's|^prefix=/usr$|prefix=/tmp/deps/usr|' /tmp/deps/usr/lib/*/pkgconfig/*.pc
       HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
     fi
     cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$(bash tools/cuda-arch.sh)" \
