@@ -66,9 +66,11 @@ void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, cons
   detail::expect_compute(be, "embedding_backward", "dout", dout);
   detail::expect_shape("embedding_backward", "dout", dout, {ids.numel(), hidden});
   if (be.dry_run) return;
-  // Each token's gradient added into three F32 rows (read and written).
+  // Each token's gradient is added into its word's F32 row (read and written); the position
+  // and type rows, which every sequence shares, are read and written once.
   detail::OpScope scope(be, "embedding_backward", OpClass::Elementwise,
-                        {0, detail::bytes(dout, ids, types) + 6.0 * double(dout.numel()) * sizeof(float)});
+                        {0, detail::bytes(dout, ids, types, dpos, dpos, dtype, dtype) +
+                                2.0 * double(dout.numel()) * sizeof(float)});
   be.embedding_backward(dout, ids, types, seq, dword, dpos, dtype);
 }
 

@@ -34,6 +34,12 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
+// "585 TFLOP/s", or on a slower device "38 GFLOP/s".
+std::string flops_rate(double per_second) {
+  return per_second >= 1e12 ? fmt::format("{:.0f} TFLOP/s", per_second / 1e12)
+                            : fmt::format("{:.0f} GFLOP/s", per_second / 1e9);
+}
+
 }  // namespace
 
 nlohmann::ordered_json chrome_trace(const Profile& p, const ProfileContext& ctx) {
@@ -99,8 +105,9 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
   };
   text(20, y, fmt::format("Operation anatomy: {}", ctx.run), " class=\"title\"");
   y += 22;
-  text(20, y, fmt::format("{}; {:.2f} ms a step over {} steps; {}", ctx.device, s.step_seconds * 1e3, s.steps,
-                          ctx.timing));
+  text(20, y, fmt::format("{}: {:.2f} ms a step over {} steps", ctx.device, s.step_seconds * 1e3, s.steps));
+  y += 18;
+  text(20, y, ctx.timing);
   y += 36;
   text(20, y, "Where a step's time goes, by phase (ms)", " class=\"head\"");
   y += 14;
@@ -131,7 +138,7 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
   }
   y += 44;
   text(20, y,
-       fmt::format("Fraction of the roofline measured here ({:.0f} TFLOP/s, {:.0f} GB/s), by class", r.flops_per_second / 1e12,
+       fmt::format("Fraction of the roofline measured here ({}, {:.0f} GB/s), by class", flops_rate(r.flops_per_second),
                    r.bytes_per_second / 1e9),
        " class=\"head\"");
   y += 14;
@@ -142,9 +149,13 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
     text(20, y + kBar * 0.7, op_class_name(OpClass(c)));
     rect(kLeft, y, kBarWidth * 0.6, kBar, "#eeeeee", "100%");
     rect(kLeft, y, kBarWidth * 0.6 * f, kBar, kClassColors[c], fmt::format("{:.1f}%", 100 * f));
-    std::string label = fmt::format("{:.0f}%  {:.1f}% of the step", 100 * f, 100 * t.seconds / n / s.step_seconds);
-    if (t.flops > 0) label += fmt::format(", {:.1f} TFLOP/s", t.flops / t.seconds / 1e12);
-    if (t.bytes > 0) label += fmt::format(", {:.0f} GB/s", t.bytes / t.seconds / 1e9);
+    // The rate that bounds the class: its products' or its memory traffic's.
+    const bool compute_bound = t.flops / r.flops_per_second >= t.bytes / r.bytes_per_second;
+    const std::string rate = t.seconds <= 0   ? ""
+                             : compute_bound ? ", " + flops_rate(t.flops / t.seconds)
+                                             : fmt::format(", {:.0f} GB/s", t.bytes / t.seconds / 1e9);
+    const std::string label =
+        fmt::format("{:.0f}% of its roofline; {:.1f}% of the step{}", 100 * f, 100 * t.seconds / n / s.step_seconds, rate);
     text(kLeft + kBarWidth * 0.6 + 8, y + kBar * 0.7, label);
     y += kRow;
   }
