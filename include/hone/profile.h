@@ -121,6 +121,8 @@ struct ProfileContext {
   std::string run, device, timing;
 };
 
+// "584.5 TFLOP/s", or on a slower device "38.2 GFLOP/s".
+std::string flops_text(double per_second);
 // The table `hone profile` prints.
 std::string profile_table(const ProfileSummary& s, const Roofline& r, const ProfileContext& ctx, int top_ops = 12);
 // The summary as JSON (profile.json).

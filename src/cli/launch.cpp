@@ -91,8 +91,9 @@ int launch_mpi(const LaunchOptions& o, const std::vector<std::string>& command) 
 
 int launch_command(const LaunchOptions& o, const std::vector<std::string>& command) {
   if (o.nproc_per_node < 1) fail("hone launch: --nproc_per_node {} (at least 1)", o.nproc_per_node);
-  if (command.empty() || command[0] != "train")
-    fail("hone launch runs `hone train ...` on several processes: give `train` and its flags after launch's own");
+  if (command.empty() || (command[0] != "train" && command[0] != "profile"))
+    fail("hone launch runs `hone train ...` (or `hone profile ...`) on several processes: give `train` and its "
+         "flags after launch's own");
   // Each rank's threads: its share of this machine's cores, unless the user said otherwise
   // (torchrun sets 1; hone's CPU work and host-side updates use more).
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / o.nproc_per_node);

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
                   "list the configurations that fit this much memory, fastest first: a size such as 16GB or 24GiB "
                   "(the card's; the CUDA context measured here is taken off it), or 'gpu' for this GPU's free memory");
   CLI::App* launch = app.add_subcommand(
-      "launch", "run `hone train ...` as several processes, one per GPU (as torchrun; mpiexec on the CPU)");
+      "launch", "run `hone train ...` (or `hone profile ...`) as several processes, one per GPU (as torchrun; mpiexec on the CPU)");
   cli::LaunchOptions launch_options;
   launch->add_option("--nproc_per_node", launch_options.nproc_per_node, "processes (GPUs) on this machine")
       ->check(CLI::PositiveNumber);

@@ -54,7 +54,8 @@ int profile_command(const TrainingArguments& requested, const ProfileOptions& o)
                             : "",
                         precision_name(a), a.gradient_checkpointing ? ", gradient checkpointing" : "", a.optim);
   if (pg.distributed()) ctx.run += fmt::format(", rank 0 of {}", pg.world_size);
-  ctx.device = gpu ? be.name() : fmt::format("{} ({} threads)", be.name(), omp_get_max_threads());
+  const int threads = omp_get_max_threads();
+  ctx.device = gpu ? be.name() : fmt::format("{} ({} thread{})", be.name(), threads, threads == 1 ? "" : "s");
   ctx.timing = gpu ? "GPU time between CUDA events around each op, run eagerly (no CUDA graphs)"
                    : "wall clock around each op";
   fmt::print("hone profile: {}\n  {}\n  {} steps to warm up, then {} profiled\n", in.model.name,

@@ -34,12 +34,6 @@ std::string xml_escape(const std::string& s) {
   return out;
 }
 
-// "585 TFLOP/s", or on a slower device "38 GFLOP/s".
-std::string flops_rate(double per_second) {
-  return per_second >= 1e12 ? fmt::format("{:.0f} TFLOP/s", per_second / 1e12)
-                            : fmt::format("{:.0f} GFLOP/s", per_second / 1e9);
-}
-
 }  // namespace
 
 nlohmann::ordered_json chrome_trace(const Profile& p, const ProfileContext& ctx) {
@@ -138,7 +132,7 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
   }
   y += 44;
   text(20, y,
-       fmt::format("Fraction of the roofline measured here ({}, {:.0f} GB/s), by class", flops_rate(r.flops_per_second),
+       fmt::format("Fraction of the roofline measured here ({}, {:.0f} GB/s), by class", flops_text(r.flops_per_second),
                    r.bytes_per_second / 1e9),
        " class=\"head\"");
   y += 14;
@@ -152,7 +146,7 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
     // The rate that bounds the class: its products' or its memory traffic's.
     const bool compute_bound = t.flops / r.flops_per_second >= t.bytes / r.bytes_per_second;
     const std::string rate = t.seconds <= 0   ? ""
-                             : compute_bound ? ", " + flops_rate(t.flops / t.seconds)
+                             : compute_bound ? ", " + flops_text(t.flops / t.seconds)
                                              : fmt::format(", {:.0f} GB/s", t.bytes / t.seconds / 1e9);
     const std::string label =
         fmt::format("{:.0f}% of its roofline; {:.1f}% of the step{}", 100 * f, 100 * t.seconds / n / s.step_seconds, rate);

@@ -45,13 +45,18 @@ nlohmann::ordered_json totals_json(const OpTotals& t, int steps, double step_sec
 
 }  // namespace
 
+std::string flops_text(double per_second) {
+  return per_second >= 1e12 ? fmt::format("{:.1f} TFLOP/s", per_second / 1e12)
+                            : fmt::format("{:.1f} GFLOP/s", per_second / 1e9);
+}
+
 std::string profile_table(const ProfileSummary& s, const Roofline& r, const ProfileContext& ctx, int top_ops) {
   const int n = std::max(1, s.steps);
   const double step = s.step_seconds;
   auto share = [&](double seconds) { return step > 0 ? fmt::format("{:.1f}%", 100 * seconds / n / step) : "-"; };
   std::string out = fmt::format("operation anatomy of {} steps: {}, {:.2f} ms a step\n", s.steps, ctx.run, step * 1e3);
   out += fmt::format("  device: {}; timed as {}\n", ctx.device, ctx.timing);
-  out += fmt::format("  roofline measured here: {:.1f} TFLOP/s ({}), {:.0f} GB/s ({})\n\n", r.flops_per_second / 1e12,
+  out += fmt::format("  roofline measured here: {} ({}), {:.0f} GB/s ({})\n\n", flops_text(r.flops_per_second),
                      r.product, r.bytes_per_second / 1e9, r.copy);
   out += fmt::format("{:<15} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>8} {:>9}\n", "ms per step", "forward",
                      "backward", "optimizer", "other", "total", "share", "TFLOP/s", "GB/s", "roofline");
