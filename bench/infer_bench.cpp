@@ -2,7 +2,7 @@
 // shapes (64 x 128, 64 x 512, 64 x 512 with lengths uniform in [16, 512] padded to 512,
 // 1 x 128) and protocol (3 forward passes, then the median of 10, each ending with the
 // logits on the host), random weights. hone runs an inference-only plan (weights in the
-// compute dtype alone). Prints one JSON line per configuration: samples/s, the plan's
+// compute dtype alone); the varlen batch runs packed, without its padding, in half precision. Prints one JSON line per configuration: samples/s, the plan's
 // device bytes and the process's GPU memory (NVML).
 // Usage: infer_bench [bf16|fp16|tf32 ...]   (default: bf16)
 #include <fmt/format.h>
@@ -67,10 +67,13 @@ void bench(const std::string& precision, const BertConfig& c, const std::vector<
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   const auto mem = gpu_memory(0);
-  fmt::print(R"({{"tool": "hone", "dtype": "{}", "bs": {}, "seq": {}, "varlen": {}, "real_tokens": {}, )"
+  // Right-padded batches with padding run packed where the backend packs attention.
+  const bool packed = s.varlen && be->packs_attention({s.batch, s.seq, c.num_attention_heads, c.head_dim(), 1.0f},
+                                                      compute_dtype(a));
+  fmt::print(R"({{"tool": "hone", "dtype": "{}", "bs": {}, "seq": {}, "varlen": {}, "packed": {}, "real_tokens": {}, )"
              R"("samples_per_s": {:.1f}, "ms_per_batch": {:.3f}, "plan_mb": {}, "process_mb": {}}})"
              "\n",
-             precision, s.batch, s.seq, s.varlen, real, s.batch / median, median * 1e3,
+             precision, s.batch, s.seq, s.varlen, packed, real, s.batch / median, median * 1e3,
              run.memory().plan().total_bytes() >> 20, mem && mem->process_known ? int64_t(mem->process_used >> 20) : -1);
   std::fflush(stdout);
 }

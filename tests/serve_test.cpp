@@ -125,9 +125,10 @@ TEST(ServeBatcher, RunsConcurrentRequestsTogetherAndAnswersEachItsOwn) {
 }
 
 TEST(ServeBatcher, RefusesWhenFullRunsWhatIsQueuedOnStopAndPassesErrorsOn) {
-  std::atomic<bool> release{false};
+  std::atomic<bool> release{false}, running{false};
   Batcher b(
       [&](const std::vector<const Encoding*>& rows, std::vector<float>& logits) {
+        running = true;
         while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (rows[0]->ids[0] < 0) throw Error("the model failed");
         first_ids(rows, logits);
@@ -139,7 +140,7 @@ TEST(ServeBatcher, RefusesWhenFullRunsWhatIsQueuedOnStopAndPassesErrorsOn) {
     return rows;
   };
   std::future<std::vector<float>> first = b.submit(one(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first batch runs (and waits)
+  while (!running) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the first batch runs (and waits)
   std::vector<std::future<std::vector<float>>> queued;
   for (int i = 2; i < 6; ++i) queued.push_back(b.submit(one(i)));
   try {

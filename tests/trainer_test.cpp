@@ -190,13 +190,48 @@ TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   b.ids = r.ids.data();
   b.mask = r.mask.data();
   b.types = r.types.data();
-  run.infer(b, ForwardOutputs{inferred.data()});
+  // Asking for the hidden states keeps the padded layout, the training forward's arithmetic.
+  std::vector<float> hidden(size_t(4 * 16 * c.hidden_size));
+  run.infer(b, ForwardOutputs{inferred.data(), hidden.data()});
   EXPECT_EQ(trained, inferred);
+  // Packed (the default for these right-padded rows): the same up to the products' rounding.
+  std::vector<float> packed(8);
+  run.infer(b, ForwardOutputs{packed.data()});
+  for (size_t i = 0; i < packed.size(); ++i) EXPECT_NEAR(packed[i], trained[i], 1e-5 * std::abs(trained[i]) + 1e-7) << i;
   // A run planned for inference alone holds no gradients or optimizer state.
   TrainingRun infer_only(a, c, 16, be, GradientMemory::Persistent, RunPhases{false, 6});
   EXPECT_EQ(infer_only.memory().arena_bytes(Category::OptimizerState), 0u);
   EXPECT_EQ(infer_only.memory().arena_bytes(Category::Gradients), 0u);
   EXPECT_THROW(infer_only.micro_step(b, 1.0f, 0), Error);
+}
+
+// Right-padded rows run packed (no work on padding); a mask with a hole runs padded.
+TEST(Inference, PackedBatchesGiveThePaddedLogits) {
+  CpuBackend be;
+  const BertConfig c = small_config();
+  TrainingRun run(small_args(4), c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
+  init_weights(c, run.model().layout(), run.host_weights(), 5);
+  Rows r(4, 16, 7);  // rows of 16, 15, 14 and 13 attended tokens
+  Batch b;
+  b.rows = 4;
+  b.seq = 16;
+  b.ids = r.ids.data();
+  b.mask = r.mask.data();
+  b.types = r.types.data();
+  std::vector<float> packed(8), padded(8), hidden(size_t(4 * 16 * c.hidden_size));
+  run.infer(b, ForwardOutputs{packed.data()});
+  run.infer(b, ForwardOutputs{padded.data(), hidden.data()});
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(packed[i], padded[i], 1e-5 * std::abs(padded[i]) + 1e-7) << i;
+  EXPECT_NE(packed, padded);  // the packed run did run: it rounds differently
+
+  std::vector<int32_t> holed = r.mask;
+  holed[3] = 0;  // row 0 attends to tokens 0-2 and 4-15: not packable
+  b.mask = holed.data();
+  std::vector<float> holed_default(8), holed_padded(8);
+  run.infer(b, ForwardOutputs{holed_default.data()});
+  run.infer(b, ForwardOutputs{holed_padded.data(), hidden.data()});
+  EXPECT_EQ(holed_default, holed_padded);
+  EXPECT_NE(holed_default[0], padded[0]);
 }
 
 TEST(Inference, ShorterPaddingGivesTheSameLogits) {

@@ -378,6 +378,18 @@ class Backend {
   // out[b] = hidden[b*S]  (the [CLS] rows); scatter writes dhidden = 0 except those rows.
   virtual void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) = 0;
   virtual void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) = 0;
+  // dst[i] = src[rows[i]] for whole rows: src [N, W], rows I32 [n] (each in [0, N)), dst [n, W].
+  virtual void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
+
+  // Inference on packed sequences: qkv [T, 3H] holds sequence b in rows row_start[b] ..
+  // row_start[b + 1] - 1 (row_start: I32 [B + 1] in this backend's memory, from 0 to T), each
+  // attending to all of its own tokens and no other; ctx [T, H] as attention_forward's. d.batch
+  // = B, d.seq = the longest sequence (the workspace is attention_workspace_elems(d)). No
+  // dropout; nothing kept for a backward.
+  virtual void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                                        Tensor& ctx, Tensor& workspace) = 0;
+  // Whether attention_forward_packed runs these dims in this compute dtype.
+  virtual bool packs_attention(const AttentionDims& d, DType t) const = 0;
 
   // Mean loss over the batch into loss[0] (F32) and its gradient times grad_scale into
   // dlogits, also times loss_scale[0] when loss_scale (the F32 scaler state) is given.

@@ -56,6 +56,11 @@ class ParamLayout {
 struct BatchTensors {
   int batch = 0, seq = 0;
   Tensor input_ids, attention_mask, token_type_ids, labels;
+  // Packed inference (tokens > 0): the encoder runs on the batch's `tokens` attended tokens
+  // alone, packed row after row: packed_rows (I32 [tokens]) holds each one's row in the
+  // padded [batch * seq] layout, row_start (I32 [batch + 1]) where each sequence starts.
+  int64_t tokens = 0;
+  Tensor packed_rows, row_start;
 };
 
 // Counter-based dropout state of one micro-step: every call site derives its stream

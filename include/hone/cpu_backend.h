@@ -54,6 +54,10 @@ class CpuBackend final : public Backend {
   void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq, Tensor& dword,
                           Tensor& dpos, Tensor& dtype) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
+  void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
+  void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,
+                                Tensor& workspace) override;
+  bool packs_attention(const AttentionDims&, DType t) const override { return t == DType::F32; }
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
                      Tensor& loss, Tensor& dlogits) override;

@@ -39,8 +39,10 @@ std::string_view category_name(Category c);
 inline bool on_host(Category c) { return c >= Category::HostMasterWeights; }
 
 // Phases replayed independently: setup runs once; the others repeat each step or batch.
-enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep, Inference };
-constexpr int kNumPhases = 4;
+// PackedInference: inference on sequences packed without their padding (TrainingRun::infer
+// picks it for right-padded batches where the backend packs attention).
+enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep, Inference, PackedInference };
+constexpr int kNumPhases = 5;
 
 constexpr size_t kBufferAlignment = 256;
 

@@ -53,6 +53,9 @@ void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, cons
                         Tensor& dword, Tensor& dpos, Tensor& dtype);
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
+void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);
+void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                              Tensor& ctx, Tensor& workspace);
 
 void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
                    Tensor& loss, Tensor& dlogits);

@@ -184,6 +184,14 @@ class TrainingRun {
                       float* logits_out);
   void run_infer(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types, int batch, int seq,
                  const ForwardOutputs& out);
+  // packed: the encoder on the batch's `tokens` attended tokens alone, as packed_rows_ and
+  // row_start_ (filled by pack_rows) say.
+  void run_infer_as(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types, int batch,
+                    int seq, const ForwardOutputs& out, bool packed, int64_t tokens);
+  // For a right-padded batch (each row's attended tokens first, at least one) with some
+  // padding, fills packed_rows_ and row_start_ and returns its attended tokens; 0 for any
+  // other mask.
+  int64_t pack_rows(const int32_t* mask, int batch, int seq);
   // The batch's ids, mask and token types in activation memory (labels too when given).
   BatchTensors take_batch(BufferSource& mem, bool with_labels, int batch, int seq);
   // Inference: copied straight from the host.
@@ -276,6 +284,10 @@ class TrainingRun {
   int64_t* host_step_ = nullptr;
   float* host_scalars_ = nullptr;
   int32_t* host_labels_ = nullptr;
+  // Packed inference: whether the backend packs attention here, and the host's packing of
+  // the batch in flight (reserved for the largest batch).
+  bool packs_ = false;
+  std::vector<int32_t> packed_rows_, row_start_;
   Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_scalars_, optimizer_scalars_;
   // The gradients of each group (the multi-tensor norm's list and the optimizer's
   // target), refilled each step within their reserved capacity (no allocation).

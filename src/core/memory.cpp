@@ -24,6 +24,7 @@ std::string_view phase_name(Phase p) {
     case Phase::MicroStep: return "micro-step";
     case Phase::OptimizerStep: return "optimizer step";
     case Phase::Inference: return "inference";
+    case Phase::PackedInference: return "packed inference";
   }
   return "?";
 }

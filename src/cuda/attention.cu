@@ -391,6 +391,15 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   }
 }
 
+bool CudaBackend::packs_attention(const AttentionDims& d, DType t) const {
+  return t != DType::F32 && cuda::flash_supports_head_dim(d.head_dim);
+}
+
+void CudaBackend::attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                                           Tensor& ctx, Tensor&) {
+  cuda::flash_forward_packed(stream_, qkv, row_start, d, ctx);
+}
+
 void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
                                      const Tensor& stats, const Tensor& keep, const AttentionDims& d,
                                      const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {

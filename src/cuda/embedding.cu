@@ -93,6 +93,16 @@ __global__ void gather_first_tokens_kernel(const U* hidden, int64_t batch, int64
   }
 }
 
+// dst[i] = src[rows[i]]
+template <typename U>
+__global__ void gather_rows_kernel(const U* src, const int32_t* rows, int64_t n, int64_t width, U* dst) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const U* s = src + int64_t(rows[i]) * width;
+    U* d = dst + i * width;
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+  }
+}
+
 // dhidden[r] = dout[r / seq] for r % seq == 0, else 0 (all-zero bits in every dtype):
 // one pass writes every row.
 template <typename U>
@@ -164,6 +174,18 @@ void CudaBackend::gather_first_tokens(const Tensor& hidden, int seq, Tensor& out
     using U = decltype(u);
     gather_first_tokens_kernel<<<cuda::blocks_for_rows(batch), cuda::kThreads, 0, stream()>>>(
         hidden.ptr<U>(), batch, units, seq, out.ptr<U>());
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const int64_t n = dst.shape[0], width = dst.shape[1];
+  if (n == 0 || width == 0) return;
+  const bool aligned = cuda::aligned16(src.data) && cuda::aligned16(dst.data);
+  with_row_unit(src.dtype, width, aligned, "gather_rows", [&](auto u, int64_t units) {
+    using U = decltype(u);
+    gather_rows_kernel<<<cuda::blocks_for_rows(n), cuda::kThreads, 0, stream()>>>(src.ptr<U>(), rows.ptr<int32_t>(),
+                                                                                 n, units, dst.ptr<U>());
     HONE_CUDA_LAUNCH_CHECK();
   });
 }

@@ -233,6 +233,22 @@ void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, c
   });
 }
 
+void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                          Tensor& ctx) {
+  HONE_CHECK(qkv.dtype == DType::BF16 || qkv.dtype == DType::F16, "packed flash attention takes BF16 or F16, not {}",
+             dtype_name(qkv.dtype));
+  HONE_CHECK(flash_supports_head_dim(d.head_dim), "packed flash attention: no kernel for head size {}", d.head_dim);
+  HONE_CHECK(ctx.dtype == qkv.dtype && ctx.numel() * 3 == qkv.numel(), "packed flash attention: ctx {} for qkv {}",
+             ctx.shape.str(), qkv.shape.str());
+  flash::ForwardArgs a{qkv.data, nullptr, nullptr, ctx.data, nullptr, d.seq, d.heads, d.scale * kLog2e,
+                       DropoutSpec{}, 1.0f, nullptr, 0};
+  a.row_start = row_start.ptr<int32_t>();
+  // The mma.sync kernel: the Hopper kernel's TMA tiles assume the padded layout.
+  dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
+    flash::launch_forward<typename decltype(type)::type, decltype(dim)::value>(a, d.batch, stream);
+  });
+}
+
 void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                     const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
                     const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {

@@ -34,6 +34,11 @@ bool flash_supports_head_dim(int head_dim);
 // With dropout, keep (I32 [B, heads, S, keep_words(S)]) receives the mask's bits.
 void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                    const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace);
+// Inference on packed sequences: sequence b is rows row_start[b] .. row_start[b + 1] - 1
+// (I32 [B + 1] on the device) of qkv [T, 3H] and ctx [T, H], attending to itself alone;
+// d.batch = B, d.seq = the longest sequence. No dropout, no stats.
+void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                          Tensor& ctx);
 // dqkv is overwritten entirely (padded keys get their gradient, 0); keep is the forward's.
 void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                     const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,

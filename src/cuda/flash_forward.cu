@@ -37,21 +37,28 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
   const int64_t ld = 3 * int64_t(H);
   const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, q0 = blockIdx.x * Br;
   const int warp_row0 = warp * 16 * M;  // this warp's first row in the CTA's tile
-  const T* q_src = static_cast<const T*>(a.qkv) + int64_t(b) * S * ld + h * D;
+  // A packed sequence's rows start at row_start[b]; it has `len` of them (padded: S).
+  const bool packed = a.row_start != nullptr;
+  const int len = packed ? a.row_start[b + 1] - a.row_start[b] : S;
+  if (q0 >= len) return;  // past a packed sequence's end
+  const int64_t first_row = packed ? a.row_start[b] : int64_t(b) * S;
+  const T* q_src = static_cast<const T*>(a.qkv) + first_row * ld + h * D;
   const T* k_src = q_src + H;
   const T* v_src = q_src + 2 * H;
-  const int32_t* mask_row = a.mask + int64_t(b) * S;
-  const int tiles = (a.key_lengths[b] + Bc - 1) / Bc;
+  const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
+  const int tiles = ((packed ? len : a.key_lengths[b]) + Bc - 1) / Bc;
   const bool dropping = a.drop.p > 0.0f;
 
   const auto load_keys = [&](int tile) {
     const int buf = tile & 1;
-    load_rows_async<T, D>(sK + buf * Bc * LD, LD, k_src, ld, tile * Bc, Bc, S);
-    load_rows_async<T, D>(sV + buf * Bc * LD, LD, v_src, ld, tile * Bc, Bc, S);
+    load_rows_async<T, D>(sK + buf * Bc * LD, LD, k_src, ld, tile * Bc, Bc, len);
+    load_rows_async<T, D>(sV + buf * Bc * LD, LD, v_src, ld, tile * Bc, Bc, len);
     cp_async_commit();
-    if (threadIdx.x < Bc) sBias[buf * Bc + threadIdx.x] = key_bias(mask_row, tile * Bc + threadIdx.x, S);
+    const int key = tile * Bc + threadIdx.x;
+    if (threadIdx.x < Bc)
+      sBias[buf * Bc + threadIdx.x] = packed ? (key < len ? 0.0f : -INFINITY) : key_bias(mask_row, key, S);
   };
-  load_rows_async<T, D>(sQ, LD, q_src, ld, q0, Br, S);
+  load_rows_async<T, D>(sQ, LD, q_src, ld, q0, Br, len);
   load_keys(0);
 
   uint32_t qf[M][D / 16][4];
@@ -184,16 +191,16 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
           pack<T>(o[m][dt][2] * s1, o[m][dt][3] * s1);
     }
     const int row0 = q0 + warp_row0 + m * 16 + g, row1 = row0 + 8;
-    if (t == 0) {
+    if (t == 0 && !packed) {
       if (row0 < S) a.stats[int64_t(bh) * S + row0] = make_float2(row_max[m][0], inv[0]);
       if (row1 < S) a.stats[int64_t(bh) * S + row1] = make_float2(row_max[m][1], inv[1]);
     }
   }
   __syncwarp();
-  T* ctx = static_cast<T*>(a.ctx) + int64_t(b) * S * H + h * D;
+  T* ctx = static_cast<T*>(a.ctx) + first_row * H + h * D;
   for (int c = lane; c < 16 * M * (D / 8); c += 32) {
     const int r = c / (D / 8), k = c % (D / 8), row = q0 + warp_row0 + r;
-    if (row < S)
+    if (row < len)
       *reinterpret_cast<int4*>(ctx + int64_t(row) * H + k * 8) = *reinterpret_cast<const int4*>(stage + r * LD + k * 8);
   }
 }

@@ -35,6 +35,10 @@ struct ForwardArgs {
   float keep_scale;             // 1 / (1 - p)
   const uint32_t* keep_bits;    // [B, heads, S, keep_words]: written beforehand when p > 0
   int keep_words;
+  // Packed sequences (inference) when set, [B + 1]: sequence b is rows row_start[b] ..
+  // row_start[b + 1] - 1 of qkv and ctx and attends to all of itself; S is the longest.
+  // mask, key_lengths and stats are then not read, and there is no dropout.
+  const int32_t* row_start = nullptr;
 };
 
 struct BackwardArgs {

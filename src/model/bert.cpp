@@ -190,7 +190,7 @@ DropoutSpec BertForSequenceClassification::layer_dropout(const DropoutState& d, 
 
 BertForSequenceClassification::Pass BertForSequenceClassification::pass(const BatchTensors& batch,
                                                                          const DropoutState& drop) const {
-  return {batch, drop, int64_t(batch.batch) * batch.seq,
+  return {batch, drop, batch.tokens > 0 ? batch.tokens : int64_t(batch.batch) * batch.seq,
           AttentionDims{batch.batch, batch.seq, cfg_.num_attention_heads, cfg_.head_dim(),
                         1.0f / std::sqrt(float(cfg_.head_dim()))}};
 }
@@ -209,7 +209,10 @@ void BertForSequenceClassification::attention(Backend& be, BufferSource& mem, co
                                               const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(p.ad, compute_)});
-  ops::attention_forward(be, qkv, p.batch.attention_mask, p.ad, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
+  if (p.batch.tokens > 0)
+    ops::attention_forward_packed(be, qkv, p.batch.row_start, p.ad, ctx, ws);
+  else
+    ops::attention_forward(be, qkv, p.batch.attention_mask, p.ad, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
   mem.release(ws);
 }
 
@@ -231,8 +234,12 @@ void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem
                down_b = w(P.ffn_down.b);
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
-  s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
-  s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
+  if (p.batch.tokens == 0) {  // packed inference keeps nothing for a backward
+    s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
+    s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
+  } else {
+    s.attn_stats = s.attn_keep = Tensor{};
+  }
   s.ctx = activation(mem, "attention_context", l, {T, H});
   attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx);
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
@@ -296,7 +303,15 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
   h.emb_mean = row_stats(mem, "embeddings_ln_mean", -1, {T});
   h.emb_rstd = row_stats(mem, "embeddings_ln_rstd", -1, {T});
   h.emb_out = activation(mem, "embeddings_out", -1, {T, H});
-  ops::embedding_forward(be, p.batch.input_ids, p.batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
+  const bool packed = p.batch.tokens > 0;
+  if (packed) {  // embedded in the padded layout (positions are columns there), then packed
+    Tensor padded = scratch(mem, "embeddings_padded", {int64_t(B) * S, H});
+    ops::embedding_forward(be, p.batch.input_ids, p.batch.token_type_ids, w(word_), w(pos_), w(type_), S, padded);
+    ops::gather_rows(be, padded, p.batch.packed_rows, h.emb_sum);
+    mem.release(padded);
+  } else {
+    ops::embedding_forward(be, p.batch.input_ids, p.batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
+  }
   ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), cfg_.layer_norm_eps, h.emb_out, h.emb_mean,
                          h.emb_rstd);
   ops::dropout(be, h.emb_out, dropout(p.drop, cfg_.hidden_dropout_prob, 0), h.emb_out);
@@ -310,9 +325,13 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
   }
 
   const Tensor& last = L > 0 ? saved_[L - 1].out : h.emb_out;
+  HONE_CHECK(!packed || !hidden_out, "the last hidden state of a packed batch is not in the padded layout");
   if (hidden_out && !be.dry_run) be.read(last, hidden_out, size_t(T * H));
   h.cls_tok = activation(mem, "cls_token", -1, {B, H});
-  ops::gather_first_tokens(be, last, S, h.cls_tok);
+  if (packed)
+    ops::gather_rows(be, last, p.batch.row_start.rows(0, B), h.cls_tok);  // each sequence's first token
+  else
+    ops::gather_first_tokens(be, last, S, h.cls_tok);
   // Nothing in backward reads the last layer's output (in training the embeddings' output
   // stays for the first layer's backward).
   if (L > 0 || !keep_for_backward) mem.release(last);

@@ -79,6 +79,28 @@ void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, cons
   be.attention_backward(dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
 }
 
+void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                              Tensor& ctx, Tensor& workspace) {
+  const char* op = "attention_forward_packed";
+  if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
+    fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
+  detail::expect_compute(be, op, "qkv", qkv);
+  detail::expect_rank(op, "qkv", qkv, 2);
+  detail::expect_shape(op, "qkv", qkv, {qkv.shape[0], 3 * int64_t(d.hidden())});
+  detail::expect(op, "row_start", row_start, DType::I32, {d.batch + 1});
+  detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
+  detail::expect_dtype(op, "workspace", workspace, DType::F32);
+  if (workspace.numel() < be.attention_workspace_elems(d, qkv.dtype))
+    fail("{}: workspace has {} elements, expected at least {}", op, workspace.numel(),
+         be.attention_workspace_elems(d, qkv.dtype));
+  if (!be.dry_run && !be.packs_attention(d, qkv.dtype))
+    fail("{}: the {} backend does not pack attention in {}", op, be.name(), dtype_name(qkv.dtype));
+  if (be.dry_run) return;
+  // The work depends on the lengths, which live in the backend's memory: bytes only.
+  detail::OpScope scope(be, op, OpClass::Attention, {0, detail::bytes(qkv, row_start, ctx)});
+  be.attention_forward_packed(qkv, row_start, d, ctx, workspace);
+}
+
 }  // namespace ops
 
 namespace {
@@ -88,12 +110,12 @@ namespace {
 // becomes uniform, as in transformers.
 constexpr float kMasked = std::numeric_limits<float>::lowest();
 
-// Softmax of one row of scores, in place; returns {max, 1 / sum}, with which
+// Softmax of one row of scores, in place (mask null: every key attended); returns {max, 1 / sum}, with which
 // probs_row() recomputes the same probabilities.
 std::pair<float, float> masked_softmax_row(float* row, const int32_t* mask, int n) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < n; ++j) {
-    if (mask[j] == 0) row[j] += kMasked;
+    if (mask && mask[j] == 0) row[j] += kMasked;
     mx = std::max(mx, row[j]);
   }
   double sum = 0;
@@ -169,6 +191,30 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, v, ld, 0.0f,
                 ctxp + int64_t(b) * S * H + h * hd, H);
+  }
+}
+
+// As attention_forward without a mask or dropout, one sequence's rows at a time.
+void CpuBackend::attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                                          Tensor& ctx, Tensor& workspace) {
+  const int H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const int32_t* rs = row_start.ptr<int32_t>();
+  HONE_CHECK(rs[0] == 0 && rs[d.batch] == qkv.shape[0], "packed attention: rows {} .. {} of {}", rs[0], rs[d.batch],
+             qkv.shape[0]);
+  for (int b = 0; b < d.batch; ++b)
+    HONE_CHECK(rs[b + 1] > rs[b] && rs[b + 1] - rs[b] <= d.seq, "packed attention: sequence {} has {} rows (at most {})",
+               b, rs[b + 1] - rs[b], d.seq);
+  const float* qkvp = qkv.f32();
+  float* ctxp = ctx.f32();
+#pragma omp parallel for schedule(dynamic)
+  for (int bh = 0; bh < d.batch * d.heads; ++bh) {
+    const int b = bh / d.heads, h = bh % d.heads, n = rs[b + 1] - rs[b];
+    const float* q = qkvp + int64_t(rs[b]) * ld + h * hd;
+    float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * d.seq * d.seq;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, d.scale, q, ld, q + H, ld, 0.0f, p, n);
+    for (int i = 0; i < n; ++i) masked_softmax_row(p + int64_t(i) * n, nullptr, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, 1.0f, p, n, q + 2 * H, ld, 0.0f,
+                ctxp + int64_t(rs[b]) * H + h * hd, H);
   }
 }
 

@@ -88,6 +88,19 @@ void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhid
   be.scatter_first_tokens(dout, seq, dhidden);
 }
 
+// The row indices come from the host's packing, so they are not read here: a bad index is
+// the caller's bug, not the user's input.
+void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const char* op = "gather_rows";
+  detail::expect_rank(op, "src", src, 2);
+  detail::expect_rank(op, "rows", rows, 1);
+  detail::expect_dtype(op, "rows", rows, DType::I32);
+  detail::expect(op, "dst", dst, src.dtype, {rows.shape[0], src.shape[1]});
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Copy, {0, detail::bytes(rows, dst, dst)});
+  be.gather_rows(src, rows, dst);
+}
+
 }  // namespace ops
 
 namespace {
@@ -153,6 +166,15 @@ void CpuBackend::gather_first_tokens(const Tensor& hidden, int seq, Tensor& out)
   const float* hp = hidden.f32();
   float* op = out.f32();
   for (int64_t b = 0; b < batch; ++b) std::memcpy(op + b * width, hp + b * seq * width, width * sizeof(float));
+}
+
+void CpuBackend::gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const size_t row_bytes = src.bytes() / size_t(src.shape[0]);
+  const int32_t* r = rows.ptr<int32_t>();
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows.numel(); ++i) std::memcpy(to + size_t(i) * row_bytes, from + size_t(r[i]) * row_bytes, row_bytes);
 }
 
 void CpuBackend::scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) {

@@ -93,6 +93,12 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
          c.max_position_embeddings);
   model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
+  if (phases_.infer_batch > 0) {
+    const AttentionDims widest{phases_.infer_batch, seq_len, c.num_attention_heads, c.head_dim(), 1.0f};
+    packs_ = be_.packs_attention(widest, compute_dtype(a));
+    packed_rows_.reserve(size_t(phases_.infer_batch) * size_t(seq_len));
+    row_start_.reserve(size_t(phases_.infer_batch) + 1);
+  }
   if (sharding_.world_size > 1 && phases_.train) plan_ranks();
   if (offload_) {
     if (be_.device() == Device::CPU) {
@@ -164,6 +170,9 @@ MemoryPlan TrainingRun::record_plan() {
       if (scoped_grads_) planner.share_arena(Category::Gradients, Category::Activations);
     }
     if (phases_.infer_batch > 0) run_infer(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {});
+    if (packs_)  // planned with every token attended: the most a packed batch holds
+      run_infer_as(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {}, true,
+                   int64_t(phases_.infer_batch) * seq_);
   } catch (...) {
     be_.dry_run = false;
     if (host_be_) host_be_->dry_run = false;
@@ -632,9 +641,11 @@ void TrainingRun::infer(const Batch& b, const ForwardOutputs& out) {
 
 BatchTensors TrainingRun::take_batch(BufferSource& mem, bool with_labels, int batch, int seq) {
   const int64_t T = int64_t(batch) * seq;
-  BatchTensors b{batch, seq, mem.take(Category::Activations, "input_ids", -1, DType::I32, {T}),
-                 mem.take(Category::Activations, "attention_mask", -1, DType::I32, {batch, seq}),
-                 mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T}), Tensor{}};
+  BatchTensors b;
+  b.batch = batch, b.seq = seq;
+  b.input_ids = mem.take(Category::Activations, "input_ids", -1, DType::I32, {T});
+  b.attention_mask = mem.take(Category::Activations, "attention_mask", -1, DType::I32, {batch, seq});
+  b.token_type_ids = mem.take(Category::Activations, "token_type_ids", -1, DType::I32, {T});
   if (with_labels)
     b.labels =
         mem.take(Category::Activations, "labels", -1, model_->regression() ? DType::F32 : DType::I32, {batch});
@@ -768,10 +779,50 @@ void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t
   HONE_CHECK(seq >= 1 && seq <= seq_, "sequences of {} tokens in a run planned for {}", seq, seq_);
   HONE_CHECK(!step_open_, "inference between a micro_step and its optimizer_step");
   if (!be_.dry_run) validate_batch(ids, mask, types, nullptr, batch, seq);
-  mem.begin_phase(Phase::Inference);
+  // Packed when the backend packs attention and the batch is right-padded (as hone's
+  // collation pads), unless the caller wants the hidden states in the padded layout.
+  const int64_t tokens = packs_ && !be_.dry_run && !out.last_hidden_state ? pack_rows(mask, batch, seq) : 0;
+  run_infer_as(mem, ids, mask, types, batch, seq, out, tokens > 0, tokens);
+}
+
+int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
+  packed_rows_.clear();
+  row_start_.assign(1, 0);
+  for (int b = 0; b < batch; ++b) {
+    const int32_t* row = mask + int64_t(b) * seq;
+    int len = 0;
+    while (len < seq && row[len] != 0) ++len;
+    for (int j = len; j < seq; ++j)
+      if (row[j] != 0) return 0;  // a hole in the mask: padded attention keeps HF's semantics
+    if (len == 0) return 0;       // no attended token: HF attends to every key
+    for (int j = 0; j < len; ++j) packed_rows_.push_back(b * seq + j);
+    row_start_.push_back(int32_t(packed_rows_.size()));
+  }
+  // No padding to leave out: the padded kernels run the same rows.
+  return int64_t(packed_rows_.size()) < int64_t(batch) * seq ? int64_t(packed_rows_.size()) : 0;
+}
+
+void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
+                               int batch, int seq, const ForwardOutputs& out, bool packed, int64_t tokens) {
+  mem.begin_phase(packed ? Phase::PackedInference : Phase::Inference);
   BatchTensors b = take_batch(mem, false, batch, seq);
-  if (!be_.dry_run) upload(ids, mask, types, b);
+  if (packed) {
+    b.tokens = tokens;
+    b.packed_rows = mem.take(Category::Activations, "packed_rows", -1, DType::I32, {tokens});
+    b.row_start = mem.take(Category::Activations, "row_start", -1, DType::I32, {batch + 1});
+  }
+  if (!be_.dry_run) {
+    upload(ids, mask, types, b);
+    if (packed) {
+      ops::copy(be_, host_tensor(packed_rows_.data(), DType::I32, {tokens}), b.packed_rows);
+      ops::copy(be_, host_tensor(row_start_.data(), DType::I32, {batch + 1}), b.row_start);
+    }
+  }
   model_->forward(be_, mem, b, out);
+  if (packed) {
+    mem.release(b.packed_rows);
+    mem.release(b.row_start);
+  }
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids}) mem.release(*t);
   mem.end_phase();
 }

@@ -1,0 +1,102 @@
+// Packed inference on the GPU: right-padded batches run without their padding (the varlen
+// flash forward over packed rows) and give the padded run's outputs, and the CPU
+// reference's, in every half dtype and at head sizes 32 and 64, with lengths that end inside
+// and at the edges of the kernels' tiles.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "hone/cpu_backend.h"
+#include "hone/cuda.h"
+#include "hone/profile.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
+#include "gpu/small_bert.h"
+
+namespace hone {
+namespace {
+
+constexpr int kSeq = 200;
+constexpr int kLengths[] = {1, 130, 200, 64, 129, 17, 128, 2};
+constexpr int kBatch = int(std::size(kLengths));
+
+struct Outputs {
+  std::vector<float> logits, pooled;
+};
+
+class PackedInference : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(PackedInference, GivesThePaddedOutputs) {
+  const auto [dtype, heads] = GetParam();
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  BertConfig c = test::small_bert();
+  c.num_attention_heads = heads;  // head size 128 / heads
+  c.max_position_embeddings = 256;
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 23);
+  std::vector<int32_t> ids, mask, types(size_t(kBatch * kSeq), 0);
+  for (int b = 0; b < kBatch; ++b)
+    for (int t = 0; t < kSeq; ++t) {
+      ids.push_back(t == 0 ? 2 : t < kLengths[b] ? 5 + (t * 37 + b * 11) % 500 : 0);
+      mask.push_back(t < kLengths[b] ? 1 : 0);
+    }
+  Batch batch;
+  batch.rows = kBatch;
+  batch.seq = kSeq;
+  batch.ids = ids.data();
+  batch.mask = mask.data();
+  batch.types = types.data();
+
+  // packed: the default for these right-padded rows; otherwise asking for the hidden
+  // states keeps the padded layout. ops: the names of the ops that ran.
+  auto infer = [&](Backend& be, TrainingArguments a, bool packed, std::vector<std::string>* ops = nullptr) {
+    TrainingRun run(a, c, kSeq, be, GradientMemory::Persistent, RunPhases{false, kBatch});
+    run.write_weights(w.data());
+    Outputs o{std::vector<float>(size_t(kBatch * c.num_labels)), std::vector<float>(size_t(kBatch * c.hidden_size))};
+    std::vector<float> hidden(size_t(kBatch * kSeq * c.hidden_size));
+    OpProfiler profiler(be);
+    if (ops) profiler.start();
+    run.infer(batch, ForwardOutputs{o.logits.data(), packed ? nullptr : hidden.data(), o.pooled.data()});
+    if (ops)
+      for (const TimedOp& op : profiler.finish().ops) ops->push_back(op.name);
+    return o;
+  };
+  TrainingArguments half;
+  half.bf16 = dtype == DType::BF16;
+  half.fp16 = dtype == DType::F16;
+  auto gpu = make_cuda_backend({});
+  std::vector<std::string> packed_ops, padded_ops;
+  const Outputs packed = infer(*gpu, half, true, &packed_ops);
+  const Outputs padded = infer(*gpu, half, false, &padded_ops);
+  CpuBackend cpu;
+  const Outputs reference = infer(cpu, TrainingArguments{}, false);
+  EXPECT_NE(std::find(packed_ops.begin(), packed_ops.end(), "attention_forward_packed"), packed_ops.end());
+  EXPECT_EQ(std::find(padded_ops.begin(), padded_ops.end(), "attention_forward_packed"), padded_ops.end());
+
+  // The pooled outputs are tanh's, in [-1, 1]: an absolute bound of the half precision's rounding.
+  const double tol = dtype == DType::BF16 ? 3e-2 : 5e-3;
+  double worst_padded = 0, worst_reference = 0;
+  for (size_t i = 0; i < packed.pooled.size(); ++i) {
+    worst_padded = std::max(worst_padded, double(std::abs(packed.pooled[i] - padded.pooled[i])));
+    worst_reference = std::max(worst_reference, double(std::abs(packed.pooled[i] - reference.pooled[i])));
+  }
+  EXPECT_LT(worst_padded, tol);
+  EXPECT_LT(worst_reference, tol);
+  for (size_t i = 0; i < packed.logits.size(); ++i)
+    EXPECT_NEAR(packed.logits[i], reference.logits[i], tol) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, PackedInference,
+                         ::testing::Combine(::testing::Values(DType::BF16, DType::F16), ::testing::Values(2, 4)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == DType::BF16 ? "bf16" : "fp16") +
+                                  "_head" + std::to_string(128 / std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace hone
