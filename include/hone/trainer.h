@@ -172,6 +172,8 @@ class TrainingRun {
   double last_grad_norm();  // before clipping, of the last optimizer step
   // Micro-steps and optimizer steps replayed from recordings (CUDA graphs) so far.
   int64_t replayed_steps() const { return replayed_; }
+  // Inference batches replayed from recordings (small batches on a GPU).
+  int64_t replayed_inferences() const { return replayed_inferences_; }
 
  private:
   struct PlanOnly {};
@@ -221,7 +223,17 @@ class TrainingRun {
   // the others run eagerly.
   static constexpr int kMaxRecordedShapes = 16;
   int recorded_shapes_ = 0;
-  StepMode next_mode(StepGraphs& g);
+  // Eager on a shape's first sighting (which also lets the products time their algorithms),
+  // recorded on its second while `recorded` < `cap`, replayed after.
+  StepMode next_mode(StepGraphs& g, int& recorded, int cap = kMaxRecordedShapes);
+  // Inference batches of at most this many tokens, whose launches would outlast their work,
+  // replay recordings: up to kMaxInferShapes (batch, seq) shapes of them (a server sees
+  // many lengths). The recorded forward reads its logits into infer_logits_host_.
+  static constexpr int64_t kInferGraphTokens = 4096;
+  static constexpr int kMaxInferShapes = 64;
+  int infer_recorded_shapes_ = 0;
+  std::map<std::pair<int, int>, StepGraphs> infer_graphs_;
+  float* infer_logits_host_ = nullptr;
   // Runs body as `mode` says: eagerly, or recorded into g.*recording and then replayed.
   template <typename F>
   void run_as(StepMode mode, StepGraphs* g, int StepGraphs::*recording, F&& body);
@@ -229,7 +241,7 @@ class TrainingRun {
   StepGraphs optimizer_graphs_;  // persistent gradients: one optimizer recording
   StepGraphs* last_micro_ = nullptr;
   StepMode last_micro_mode_ = StepMode::Eager;
-  int64_t replayed_ = 0;
+  int64_t replayed_ = 0, replayed_inferences_ = 0;
   void validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels, int batch,
                       int seq) const;
 

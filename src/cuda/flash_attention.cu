@@ -243,7 +243,17 @@ void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& 
   flash::ForwardArgs a{qkv.data, nullptr, nullptr, ctx.data, nullptr, d.seq, d.heads, d.scale * kLog2e,
                        DropoutSpec{}, 1.0f, nullptr, 0};
   a.row_start = row_start.ptr<int32_t>();
-  // The mma.sync kernel: the Hopper kernel's TMA tiles assume the padded layout.
+  if (use_hopper(d)) {
+    // A tile that runs past a sequence's end reads the next one's rows (or TMA's zeros past
+    // the last): their keys are masked and their queries' outputs not written.
+    const bool bf16 = qkv.dtype == DType::BF16;
+    const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, qkv.shape[0], 3 * d.hidden(), 128);
+    if (bf16)
+      flash::launch_hopper_forward<__nv_bfloat16>(a, map, CUtensorMap{}, d.batch, sm_count(), stream);
+    else
+      flash::launch_hopper_forward<__half>(a, map, CUtensorMap{}, d.batch, sm_count(), stream);
+    return;
+  }
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
     flash::launch_forward<typename decltype(type)::type, decltype(dim)::value>(a, d.batch, stream);
   });

@@ -21,6 +21,20 @@ namespace hone::cuda::flash {
 
 namespace {
 
+// Where sequence b's rows are. Padded: rows b S .. b S + S - 1, keys up to key_lengths[b].
+// Packed: rows row_start[b] .. row_start[b + 1] - 1, every one a key.
+struct Rows {
+  int64_t first;
+  int len, keys;
+};
+__device__ __forceinline__ Rows sequence_rows(const ForwardArgs& a, int b) {
+  if (a.row_start) {
+    const int first = a.row_start[b], len = a.row_start[b + 1] - first;
+    return {first, len, len};
+  }
+  return {int64_t(b) * a.seq, a.seq, a.key_lengths[b]};
+}
+
 using namespace hopper;
 
 constexpr int kD = 64;
@@ -78,6 +92,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const int q_tiles = (S + kRows - 1) / kRows;
   const int tiles = q_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
+  const bool packed = a.row_start != nullptr;
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<40>();
@@ -85,9 +100,11 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
-      const int blocks = (a.key_lengths[b] + kKeys - 1) / kKeys;
-      const int row0 = b * S;
-      const int32_t* mask_row = a.mask + int64_t(b) * S;
+      const Rows rows = sequence_rows(a, b);
+      if (qt * kRows >= rows.len) continue;  // past a packed sequence's end (the consumers skip it too)
+      const int blocks = (rows.keys + kKeys - 1) / kKeys;
+      const int row0 = int(rows.first);
+      const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
       mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
       if (lane == 0) {
         mbar_arrive_expect_tx(q_full, kTileBytes);
@@ -96,7 +113,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       for (int kb = 0; kb < blocks; ++kb, ++kv_iter) {
         const int stage = kv_iter % kStages;
         mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
-        for (int i = lane; i < kKeys; i += 32) sBias[stage * kKeys + i] = key_bias(mask_row, kb * kKeys + i, S);
+        for (int i = lane; i < kKeys; i += 32) {
+          const int key = kb * kKeys + i;
+          sBias[stage * kKeys + i] = packed ? (key < rows.len ? 0.0f : -INFINITY) : key_bias(mask_row, key, S);
+        }
         if (lane == 0) {
           mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
           tma_load_2d(sK + stage * kTileBytes, &qkv_map, H + h * kD, row0 + kb * kKeys, kv_full + stage);
@@ -118,7 +138,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
-    const int blocks = (a.key_lengths[b] + kKeys - 1) / kKeys;
+    const Rows rows = sequence_rows(a, b);
+    if (qt * kRows >= rows.len) continue;
+    const int blocks = (rows.keys + kKeys - 1) / kKeys;
     const int row_in_tile = wg * 64 + wq * 16;
     const int q_row0 = qt * kRows + row_in_tile + g;  // this lane's rows: q_row0 and q_row0 + 8
 
@@ -221,17 +243,17 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       inv[r] = 1.0f / row_sum[r];
     }
     const int q_row1 = q_row0 + 8;
-    if (t == 0) {
+    if (t == 0 && !packed) {
       if (q_row0 < S) a.stats[int64_t(bh) * S + q_row0] = make_float2(row_max[0], inv[0]);
       if (q_row1 < S) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
     }
     const float s0 = inv[0] * a.keep_scale, s1 = inv[1] * a.keep_scale;
-    T* ctx = static_cast<T*>(a.ctx) + int64_t(b) * S * H + h * kD + 2 * t;
+    T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * kD + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt) {
-      if (q_row0 < S)
+      if (q_row0 < rows.len)
         *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row0) * H + dt * 8) = pack<T>(o[4 * dt] * s0, o[4 * dt + 1] * s0);
-      if (q_row1 < S)
+      if (q_row1 < rows.len)
         *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row1) * H + dt * 8) =
             pack<T>(o[4 * dt + 2] * s1, o[4 * dt + 3] * s1);
     }

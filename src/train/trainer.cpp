@@ -1,6 +1,7 @@
 #include "hone/trainer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 
 #include "hone/cpu_backend.h"
@@ -117,6 +118,9 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   mem_->begin_phase(Phase::Setup);
   setup(*mem_);
   mem_->end_phase();
+  if (phases_.infer_batch > 0 && be_.can_record())
+    infer_logits_host_ = static_cast<float*>(
+        be_.allocate_host(sizeof(float) * size_t(phases_.infer_batch) * size_t(c.num_labels)));
   if (phases_.train) {
     const size_t labels_at = sizeof(int64_t) + sizeof(float) * kOptimizerScalarsSize;
     host_staging_ = be_.allocate_host(labels_at + sizeof(int32_t) * size_t(a.per_device_train_batch_size));
@@ -139,12 +143,14 @@ TrainingRun::~TrainingRun() {
     be_.free_recording(g.micro);
     be_.free_recording(g.optimizer);
   }
+  for (auto& [key, g] : infer_graphs_) be_.free_recording(g.micro);
   be_.free_recording(optimizer_graphs_.optimizer);
   try {
     be_.wait_for_copies();  // staged copies may still read host_staging_
   } catch (...) {  // a destructor does not throw; the device is failing anyway
   }
   if (scaler_host_) be_.deallocate_host(scaler_host_);
+  if (infer_logits_host_) be_.deallocate_host(infer_logits_host_);
   if (host_staging_) be_.deallocate_host(host_staging_);
 }
 
@@ -683,11 +689,11 @@ void TrainingRun::stage_batch(const int32_t* ids, const int32_t* mask, const int
   for (Move& m : moves) be_.take_staged(m.staging, m.dst);
 }
 
-TrainingRun::StepMode TrainingRun::next_mode(StepGraphs& g) {
+TrainingRun::StepMode TrainingRun::next_mode(StepGraphs& g, int& recorded, int cap) {
   if (g.failed) return StepMode::Eager;
   if (g.recorded) return StepMode::Replay;
-  if (g.seen++ == 0 || recorded_shapes_ == kMaxRecordedShapes) return StepMode::Eager;
-  ++recorded_shapes_;
+  if (g.seen++ == 0 || recorded == cap) return StepMode::Eager;
+  ++recorded;
   g.recorded = true;
   return StepMode::Record;
 }
@@ -740,7 +746,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_) &&
       !sending_grads_ && !reducing_grads_) {
     last_micro_ = &micro_graphs_[std::tuple{batch, seq, grad_scale}];
-    last_micro_mode_ = next_mode(*last_micro_);
+    last_micro_mode_ = next_mode(*last_micro_, recorded_shapes_);
   }
   if (last_micro_mode_ == StepMode::Replay) {
     be_.mark(StepSpan::Forward);
@@ -804,6 +810,23 @@ int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
 
 void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
                                int batch, int seq, const ForwardOutputs& out, bool packed, int64_t tokens) {
+  // Small padded batches of logits alone replay a recording of their shape.
+  StepGraphs* g = nullptr;
+  StepMode mode = StepMode::Eager;
+  if (!packed && infer_logits_host_ && args_.cuda_graphs && !be_.dry_run && out.logits && !out.pooled &&
+      !out.last_hidden_state && int64_t(batch) * seq <= kInferGraphTokens) {
+    g = &infer_graphs_[{batch, seq}];
+    mode = next_mode(*g, infer_recorded_shapes_, kMaxInferShapes);
+  }
+  const size_t logits = size_t(batch) * size_t(model_->config().num_labels);
+  if (mode == StepMode::Replay) {
+    upload(ids, mask, types, g->inputs);
+    be_.replay(g->micro);
+    ++replayed_inferences_;
+    be_.wait_for_reads();
+    std::memcpy(out.logits, infer_logits_host_, logits * sizeof(float));
+    return;
+  }
   mem.begin_phase(packed ? Phase::PackedInference : Phase::Inference);
   BatchTensors b = take_batch(mem, false, batch, seq);
   if (packed) {
@@ -818,7 +841,15 @@ void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int3
       ops::copy(be_, host_tensor(row_start_.data(), DType::I32, {batch + 1}), b.row_start);
     }
   }
-  model_->forward(be_, mem, b, out);
+  if (g) {  // recorded (or about to be): the logits land in page-locked memory
+    run_as(mode, g, &StepGraphs::micro,
+           [&] { model_->forward(be_, mem, b, ForwardOutputs{infer_logits_host_, nullptr, nullptr}); });
+    g->inputs = b;
+    be_.wait_for_reads();
+    std::memcpy(out.logits, infer_logits_host_, logits * sizeof(float));
+  } else {
+    model_->forward(be_, mem, b, out);
+  }
   if (packed) {
     mem.release(b.packed_rows);
     mem.release(b.row_start);
@@ -839,7 +870,7 @@ void TrainingRun::run_optimizer_step(BufferSource& mem, double lr, int64_t step)
   } else if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !offload_ &&
              !comm_->group().distributed()) {  // host work or collectives: eager
     graphs = &optimizer_graphs_;
-    mode = next_mode(*graphs);
+    mode = next_mode(*graphs, recorded_shapes_);
   }
   if (!scoped_grads_ && mode != StepMode::Replay) mem.begin_phase(Phase::OptimizerStep);
   be_.mark(StepSpan::Optimizer);

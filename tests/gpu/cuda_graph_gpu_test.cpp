@@ -176,5 +176,44 @@ TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
   EXPECT_EQ(run.replayed_steps(), 2 * 16);
 }
 
+// Small inference batches replay a recording of their shape from its second sighting: the
+// replays read each call's batch and give the logits an eager run gives, in every dtype.
+TEST(CudaGraphInference, ReplaysGiveTheEagerLogits) {
+  std::string why;
+  if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const BertConfig c = small_bert();
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 31);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    if (dtype != DType::F32 && !mixed_precision_available(&why)) continue;
+    auto be = make_cuda_backend({});
+    auto logits_of = [&](bool graphs, int64_t* replayed) {
+      TrainingArguments a;
+      a.bf16 = dtype == DType::BF16;
+      a.cuda_graphs = graphs;
+      TrainingRun run(a, c, kSeq, *be, GradientMemory::Persistent, RunPhases{false, 4});
+      run.write_weights(w.data());
+      std::mt19937 g(5);
+      std::vector<float> all;
+      for (int call = 0; call < 4; ++call) {
+        test::TaskBatch h = random_batch(g, 4, kSeq, c.vocab_size);
+        std::fill(h.mask.begin(), h.mask.end(), 1);  // dense: the padded path, which records
+        std::vector<float> logits(size_t(4 * c.num_labels));
+        run.infer(Batch{4, kSeq, h.ids.data(), h.mask.data(), h.types.data(), nullptr, {}}, {logits.data()});
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      *replayed = run.replayed_inferences();
+      return all;
+    };
+    int64_t replayed = 0, eager_replayed = 0;
+    const std::vector<float> replayed_logits = logits_of(true, &replayed);
+    const std::vector<float> eager_logits = logits_of(false, &eager_replayed);
+    EXPECT_EQ(replayed, 2) << precision_name(dtype);  // eager, recorded, replayed, replayed
+    EXPECT_EQ(eager_replayed, 0);
+    EXPECT_EQ(replayed_logits, eager_logits) << precision_name(dtype);
+  }
+}
+
 }  // namespace
 }  // namespace hone
