@@ -98,6 +98,9 @@ struct ForwardOutputs {
   float* logits = nullptr;             // [B, num_labels]
   float* last_hidden_state = nullptr;  // [B, S, hidden]
   float* pooled = nullptr;             // [B, hidden], the pooler's output
+  // A host tensor (page-locked, of the logits' dtype, [B, num_labels] or more rows) that
+  // receives the logits by an asynchronous copy, which a CUDA graph can record.
+  const Tensor* logits_copy = nullptr;
 };
 
 class BertForSequenceClassification {

@@ -233,7 +233,8 @@ class TrainingRun {
   static constexpr int kMaxInferShapes = 64;
   int infer_recorded_shapes_ = 0;
   std::map<std::pair<int, int>, StepGraphs> infer_graphs_;
-  float* infer_logits_host_ = nullptr;
+  Tensor infer_logits_host_;  // page-locked, [infer batch, num_labels] of the compute dtype
+  void logits_from_host(int batch, float* out);  // after wait_for_reads, as floats
   // Runs body as `mode` says: eagerly, or recorded into g.*recording and then replayed.
   template <typename F>
   void run_as(StepMode mode, StepGraphs* g, int StepGraphs::*recording, F&& body);

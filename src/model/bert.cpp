@@ -354,6 +354,10 @@ void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, cons
     if (out.pooled) be.read(h.pooled, out.pooled, size_t(h.pooled.numel()));
     if (out.logits) be.read(h.logits, out.logits, size_t(h.logits.numel()));
   }
+  if (out.logits_copy) {
+    Tensor to = out.logits_copy->rows(0, h.logits.shape[0]);
+    ops::copy(be, h.logits, to);
+  }
   for (const Tensor& t : {h.cls_tok, h.pooled, h.cls_in, h.logits}) mem.release(t);
 }
 

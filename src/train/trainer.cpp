@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "hone/cpu_backend.h"
+#include "hone/dtype.h"
 #include "hone/ops.h"
 #include "hone/schedule.h"
 #include "hone/weights.h"
@@ -118,9 +119,10 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   mem_->begin_phase(Phase::Setup);
   setup(*mem_);
   mem_->end_phase();
-  if (phases_.infer_batch > 0 && be_.can_record())
-    infer_logits_host_ = static_cast<float*>(
-        be_.allocate_host(sizeof(float) * size_t(phases_.infer_batch) * size_t(c.num_labels)));
+  if (phases_.infer_batch > 0 && be_.can_record()) {
+    infer_logits_host_ = Tensor{nullptr, compute_dtype(a), {phases_.infer_batch, c.num_labels}, Device::CPU};
+    infer_logits_host_.data = be_.allocate_host(infer_logits_host_.bytes());
+  }
   if (phases_.train) {
     const size_t labels_at = sizeof(int64_t) + sizeof(float) * kOptimizerScalarsSize;
     host_staging_ = be_.allocate_host(labels_at + sizeof(int32_t) * size_t(a.per_device_train_batch_size));
@@ -150,7 +152,7 @@ TrainingRun::~TrainingRun() {
   } catch (...) {  // a destructor does not throw; the device is failing anyway
   }
   if (scaler_host_) be_.deallocate_host(scaler_host_);
-  if (infer_logits_host_) be_.deallocate_host(infer_logits_host_);
+  if (infer_logits_host_.data) be_.deallocate_host(infer_logits_host_.data);
   if (host_staging_) be_.deallocate_host(host_staging_);
 }
 
@@ -791,6 +793,18 @@ void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t
   run_infer_as(mem, ids, mask, types, batch, seq, out, tokens > 0, tokens);
 }
 
+void TrainingRun::logits_from_host(int batch, float* out) {
+  be_.wait_for_reads();
+  const size_t n = size_t(batch) * size_t(infer_logits_host_.shape[1]);
+  const DType t = infer_logits_host_.dtype;
+  if (t == DType::F32) {
+    std::memcpy(out, infer_logits_host_.data, n * sizeof(float));
+    return;
+  }
+  const uint16_t* raw = infer_logits_host_.ptr<uint16_t>();
+  std::transform(raw, raw + n, out, t == DType::BF16 ? bf16_to_float : f16_to_float);
+}
+
 int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
   packed_rows_.clear();
   row_start_.assign(1, 0);
@@ -813,18 +827,16 @@ void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int3
   // Small padded batches of logits alone replay a recording of their shape.
   StepGraphs* g = nullptr;
   StepMode mode = StepMode::Eager;
-  if (!packed && infer_logits_host_ && args_.cuda_graphs && !be_.dry_run && out.logits && !out.pooled &&
+  if (!packed && infer_logits_host_.data && args_.cuda_graphs && !be_.dry_run && out.logits && !out.pooled &&
       !out.last_hidden_state && int64_t(batch) * seq <= kInferGraphTokens) {
     g = &infer_graphs_[{batch, seq}];
     mode = next_mode(*g, infer_recorded_shapes_, kMaxInferShapes);
   }
-  const size_t logits = size_t(batch) * size_t(model_->config().num_labels);
   if (mode == StepMode::Replay) {
     upload(ids, mask, types, g->inputs);
     be_.replay(g->micro);
     ++replayed_inferences_;
-    be_.wait_for_reads();
-    std::memcpy(out.logits, infer_logits_host_, logits * sizeof(float));
+    logits_from_host(batch, out.logits);
     return;
   }
   mem.begin_phase(packed ? Phase::PackedInference : Phase::Inference);
@@ -842,11 +854,11 @@ void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int3
     }
   }
   if (g) {  // recorded (or about to be): the logits land in page-locked memory
-    run_as(mode, g, &StepGraphs::micro,
-           [&] { model_->forward(be_, mem, b, ForwardOutputs{infer_logits_host_, nullptr, nullptr}); });
+    ForwardOutputs copied;
+    copied.logits_copy = &infer_logits_host_;
+    run_as(mode, g, &StepGraphs::micro, [&] { model_->forward(be_, mem, b, copied); });
     g->inputs = b;
-    be_.wait_for_reads();
-    std::memcpy(out.logits, infer_logits_host_, logits * sizeof(float));
+    logits_from_host(batch, out.logits);
   } else {
     model_->forward(be_, mem, b, out);
   }
