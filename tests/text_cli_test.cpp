@@ -128,6 +128,7 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
   Result p = hone("predict --model_name_or_path " + out + " --test_file " + test +
                   " --text_column text --max_seq_length 16 --output_dir " + s.dir.path + "/pred");
   ASSERT_EQ(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("memory: planned"), std::string::npos) << p.out;  // the inference plan's bytes
   std::ifstream pf(s.dir.path + "/pred/predictions.jsonl");
   int lines = 0;
   for (std::string line; std::getline(pf, line); ++lines) {

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/report.h"
 #include "cli/setup.h"
 #include "hone/checkpoint.h"
+#include "hone/gpu_info.h"
+#include "hone/memory.h"
 #include "hone/safetensors.h"
 #include "hone/trainer.h"
 
@@ -78,6 +81,20 @@ int predict_command(const TrainingArguments& a) {
   }
   fmt::print("{} predictions in {:.2f} s ({:.1f} samples/s) written to {}\n", in.test->size(),
              m["predict_runtime"].get<double>(), m["predict_samples_per_second"].get<double>(), path);
+  // The inference plan: the weights in the compute dtype and one batch's buffers, nothing else.
+  const MemoryPlan& plan = run.memory().plan();
+  constexpr double kMiB = 1 << 20;
+  std::string line = fmt::format("memory: planned {:.0f} MiB (weights {:.0f}, one batch's activations {:.0f}, "
+                                 "workspace {:.0f})",
+                                 double(plan.total_bytes()) / kMiB,
+                                 double(plan.category_bytes[size_t(Category::Weights)]) / kMiB,
+                                 double(plan.category_bytes[size_t(Category::Activations)]) / kMiB,
+                                 double(plan.category_bytes[size_t(Category::Workspace)]) / kMiB);
+  if (be->device() == Device::CUDA)
+    if (const std::optional<GpuMemory> g = gpu_memory(0); g && g->process_known)
+      line += fmt::format("; this process on the GPU {:.0f} MiB (NVML, with the CUDA context)",
+                          double(g->process_used) / kMiB);
+  fmt::print("{}\n", line);
   return 0;
 }
 
