@@ -33,7 +33,7 @@ text = " ".join((s * 10)[:126])
 open("/tmp/test.jsonl", "w").write("".join(json.dumps({"text": text}) + "\n" for _ in range(8192)))
 PY
 flags="--model_name_or_path /tmp/bl --bf16 --max_seq_length 128 --per_device_eval_batch_size 64"
-build-serve/hone predict $flags --test_file /tmp/test.jsonl --text_column text --output_dir /tmp/pred 2>&1 | tail -1
+build-serve/hone predict $flags --test_file /tmp/test.jsonl --text_column text --output_dir /tmp/pred 2>&1 | tail -2
 build-serve/hone serve $flags --port 0 > /tmp/serve.log 2>&1 &
 for i in $(seq 100); do grep -q listening /tmp/serve.log && break; sleep 0.2; done
 P=$(grep -o '127.0.0.1:[0-9]*' /tmp/serve.log | cut -d: -f2)
