@@ -229,7 +229,7 @@ class TrainingRun {
   // Inference batches of at most this many tokens, whose launches would outlast their work,
   // replay recordings: up to kMaxInferShapes (batch, seq) shapes of them (a server sees
   // many lengths). The recorded forward reads its logits into infer_logits_host_.
-  static constexpr int64_t kInferGraphTokens = 4096;
+  static constexpr int64_t kInferGraphTokens = 1024;
   static constexpr int kMaxInferShapes = 64;
   int infer_recorded_shapes_ = 0;
   std::map<std::pair<int, int>, StepGraphs> infer_graphs_;

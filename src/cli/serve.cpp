@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <nlohmann/json.hpp>
 
@@ -113,6 +114,10 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   // An answer's header and body leave in separate writes: with Nagle's algorithm the body
   // would wait for the client's delayed ACK of the header (40 ms).
   server.set_tcp_nodelay(true);
+  // httplib closes a kept-alive connection after 5 requests by default: clients would
+  // reconnect every 5 answers (and race the close). One idle for 5 s still goes (httplib's
+  // default), which also bounds how long a stop waits for idle connections' threads.
+  server.set_keep_alive_max_count(std::numeric_limits<size_t>::max());
   // SO_REUSEADDR alone: httplib's default adds SO_REUSEPORT, which lets a second server bind
   // the same port and share its connections instead of failing.
   server.set_socket_options([](socket_t sock) {
