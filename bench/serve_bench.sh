@@ -3,7 +3,8 @@
 # on the same texts first, then bench/serve_load.py against the server. On a device image
 # without cpp-httplib (or pkg-config), the Debian .deb files carried in .carry/debs
 # (libcpp-httplib-dev, libcpp-httplib0.11, libssl-dev, libbrotli-dev, zlib1g-dev, pkgconf,
-# pkgconf-bin, libpkgconf3, libutf8proc*) are unpacked for the build.
+# pkgconf-bin, libpkgconf3, libutf8proc*) are unpacked for the build. SERVE_FLAGS: more flags
+# for hone serve (e.g. --cuda_graphs false).
 set -uo pipefail
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 mkdir -p /tmp/deps; for d in .carry/debs/*.deb; do dpkg -x $d /tmp/deps; done
@@ -34,7 +35,7 @@ open("/tmp/test.jsonl", "w").write("".join(json.dumps({"text": text}) + "\n" for
 PY
 flags="--model_name_or_path /tmp/bl --bf16 --max_seq_length 128 --per_device_eval_batch_size 64"
 build-serve/hone predict $flags --test_file /tmp/test.jsonl --text_column text --output_dir /tmp/pred 2>&1 | tail -2
-build-serve/hone serve $flags --port 0 > /tmp/serve.log 2>&1 &
+build-serve/hone serve $flags ${SERVE_FLAGS:-} --port 0 > /tmp/serve.log 2>&1 &
 for i in $(seq 100); do grep -q listening /tmp/serve.log && break; sleep 0.2; done
 P=$(grep -o '127.0.0.1:[0-9]*' /tmp/serve.log | cut -d: -f2)
 head -3 /tmp/serve.log
