@@ -86,10 +86,10 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
 
 std::string buffer_list(const MemoryPlan& plan) {
   static const char* phases[kNumPhases] = {"setup", "micro-step", "optimizer", "inference", "packed inference"};
-  std::string s = fmt::format("  {:<24} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
+  std::string s = fmt::format("  {:<24} {:<28} {:<16} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
                               "bytes", "offset", "taken", "freed");
   for (const auto& b : plan.buffers)
-    s += fmt::format("  {:<24} {:<28} {:<10} {:>15} {:>15} {:>8} {:>8}\n", category_name(b.category), b.label(),
+    s += fmt::format("  {:<24} {:<28} {:<16} {:>15} {:>15} {:>8} {:>8}\n", category_name(b.category), b.label(),
                      phases[int(b.phase)], with_commas(b.bytes), with_commas(b.offset), b.first,
                      b.last == INT64_MAX ? std::string("-") : std::to_string(b.last));
   return s;
