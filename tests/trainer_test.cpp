@@ -232,6 +232,14 @@ TEST(Inference, PackedBatchesGiveThePaddedLogits) {
   run.infer(b, ForwardOutputs{holed_padded.data(), hidden.data()});
   EXPECT_EQ(holed_default, holed_padded);
   EXPECT_NE(holed_default[0], padded[0]);
+
+  std::vector<int32_t> empty = r.mask;
+  std::fill(empty.begin() + 16, empty.begin() + 32, 0);  // row 1 attends to nothing: HF's uniform attention
+  b.mask = empty.data();
+  std::vector<float> empty_default(8), empty_padded(8);
+  run.infer(b, ForwardOutputs{empty_default.data()});
+  run.infer(b, ForwardOutputs{empty_padded.data(), hidden.data()});
+  EXPECT_EQ(empty_default, empty_padded);
 }
 
 TEST(Inference, ShorterPaddingGivesTheSameLogits) {
