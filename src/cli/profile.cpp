@@ -58,8 +58,9 @@ int profile_command(const TrainingArguments& requested, const ProfileOptions& o)
   ctx.device = gpu ? be.name() : fmt::format("{} ({} thread{})", be.name(), threads, threads == 1 ? "" : "s");
   ctx.timing = gpu ? "GPU time between CUDA events around each op, run eagerly (no CUDA graphs)"
                    : "wall clock around each op";
-  fmt::print("hone profile: {}\n  {}\n  {} steps to warm up, then {} profiled\n", in.model.name,
-             describe(cfg, run.model().layout().count()), o.skip_steps, o.profile_steps);
+  fmt::print("hone profile: {}\n  {}\n  {} update{} to warm up, then {} profiled\n", in.model.name,
+             describe(cfg, run.model().layout().count()), o.skip_steps, o.skip_steps == 1 ? "" : "s",
+             o.profile_steps);
   std::fflush(stdout);
 
   OpProfiler profiler(be);
