@@ -176,6 +176,7 @@ TEST(OpProfile, CommandWritesItsFilesAndRefusesNoSteps) {
                      dir.path);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("operation anatomy of 2 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("not used by a profile"), std::string::npos) << r.out;
   for (const char* f : {"profile.json", "profile_trace.json", "profile.svg"}) {
     std::ifstream in(dir.path + "/" + f);
     EXPECT_TRUE(in.good()) << f;
@@ -184,6 +185,14 @@ TEST(OpProfile, CommandWritesItsFilesAndRefusesNoSteps) {
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["steps"], 2);
   EXPECT_GT(j["roofline"]["tflops"].get<double>(), 0);
+  // Train's flags that a profile does not use are named, not silently dropped.
+  const test::CommandResult noted =
+      test::run_hone("profile --model_name_or_path bert-tiny --dataset synthetic:32x16 --device cpu "
+                     "--per_device_train_batch_size 4 --profile_steps 1 --skip_steps 0 --max_steps 9 "
+                     "--report_to tensorboard --output_dir " + dir.path);
+  ASSERT_EQ(noted.code, 0) << noted.out;
+  EXPECT_NE(noted.out.find("not used by a profile: --max_steps"), std::string::npos) << noted.out;
+  EXPECT_NE(noted.out.find("--report_to"), std::string::npos) << noted.out;
   const test::CommandResult none = test::run_hone("profile --model_name_or_path bert-tiny --device cpu --profile_steps 0");
   EXPECT_NE(none.code, 0);
   EXPECT_NE(none.out.find("profile_steps"), std::string::npos) << none.out;

@@ -212,12 +212,7 @@ TEST(Inference, PackedBatchesGiveThePaddedLogits) {
   TrainingRun run(small_args(4), c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
   init_weights(c, run.model().layout(), run.host_weights(), 5);
   Rows r(4, 16, 7);  // rows of 16, 15, 14 and 13 attended tokens
-  Batch b;
-  b.rows = 4;
-  b.seq = 16;
-  b.ids = r.ids.data();
-  b.mask = r.mask.data();
-  b.types = r.types.data();
+  Batch b{4, 16, r.ids.data(), r.mask.data(), r.types.data(), nullptr, {}};
   std::vector<float> packed(8), padded(8), hidden(size_t(4 * 16 * c.hidden_size));
   run.infer(b, ForwardOutputs{packed.data()});
   run.infer(b, ForwardOutputs{padded.data(), hidden.data()});

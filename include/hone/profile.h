@@ -19,6 +19,8 @@ enum class OpClass : uint8_t { Contraction, Attention, Normalization, Elementwis
 constexpr int kNumOpClasses = 6;
 const char* op_class_name(OpClass c);  // "contractions", "attention", ...
 const char* step_span_name(StepSpan s);  // "forward", "backward", "optimizer", "other"
+constexpr StepSpan kStepSpans[kNumStepSpans] = {StepSpan::Forward, StepSpan::Backward, StepSpan::Optimizer,
+                                                StepSpan::Other};
 
 // The work of one op: model FLOPs (what the op must compute, a recomputation inside it not
 // counted) and the bytes it must move at least (each input read and output written once).

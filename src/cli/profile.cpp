@@ -2,11 +2,14 @@
 // steps with every op timed on the device, after steps that warm the caches, and writes
 // the table, profile.json, a Chrome trace and a picture.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/report.h"
@@ -61,6 +64,16 @@ int profile_command(const TrainingArguments& requested, const ProfileOptions& o)
   fmt::print("hone profile: {}\n  {}\n  {} update{} to warm up, then {} profiled\n", in.model.name,
              describe(cfg, run.model().layout().count()), o.skip_steps, o.skip_steps == 1 ? "" : "s",
              o.profile_steps);
+  // Said rather than silently dropped: train's flags, set here, that a profile does not use.
+  const TrainingArguments defaults;
+  std::vector<std::string> unused;
+  if (requested.max_steps > 0 || requested.num_train_epochs != defaults.num_train_epochs)
+    unused.push_back("--max_steps/--num_train_epochs (--skip_steps and --profile_steps count the updates)");
+  if (requested.do_eval || requested.eval_strategy != defaults.eval_strategy) unused.push_back("evaluation");
+  if (requested.save_strategy != defaults.save_strategy && requested.save_strategy != "no")
+    unused.push_back("--save_strategy (a profile saves nothing)");
+  if (requested.report_to != defaults.report_to) unused.push_back("--report_to");
+  if (!unused.empty()) fmt::print("  notice: not used by a profile: {}\n", fmt::join(unused, "; "));
   std::fflush(stdout);
 
   OpProfiler profiler(be);

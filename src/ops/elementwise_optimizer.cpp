@@ -30,11 +30,13 @@ void elementwise_optimizer(Backend& be, ElementwiseOptimizer kind, const Element
   detail::expect(op, "scalars", scalars, DType::F32, {kElementwiseScalarsSize});
   detail::expect(op, "norm_coef", norm_coef, DType::F32, {kNormCoefSize});
   if (be.dry_run) return;
-  double moved = 0;  // param and state read and written, grad read, the half copy written
-  for (int i = 0; i < count; ++i)
-    moved += detail::bytes(slices[i].param, slices[i].param, slices[i].grad, slices[i].half) +
-             2 * detail::bytes(slices[i].state);
-  detail::OpScope scope(be, op, OpClass::Optimizer, {0, moved});
+  detail::OpScope scope(be, op, OpClass::Optimizer, [&] {
+    double moved = 0;  // param and state read and written, grad read, the half copy written
+    for (int i = 0; i < count; ++i)
+      moved += detail::bytes(slices[i].param, slices[i].param, slices[i].grad, slices[i].half) +
+               2 * detail::bytes(slices[i].state);
+    return OpCost{0, moved};
+  });
   for (int first = 0; first < count; first += kMaxTensorList)
     be.elementwise_optimizer(kind, slices + first, std::min(kMaxTensorList, count - first), scalars, norm_coef);
 }

@@ -4,6 +4,7 @@
 #include <array>
 #include <initializer_list>
 #include <string_view>
+#include <type_traits>
 
 #include "hone/backend.h"
 #include "hone/philox.h"
@@ -17,6 +18,12 @@ class OpScope {
  public:
   OpScope(Backend& be, const char* name, OpClass c, OpCost cost = {}) : p_(be.profiler) {
     if (p_) p_->begin_op(name, c, cost);
+  }
+  // A cost that takes a walk over a list to count: counted only while profiling.
+  template <typename F>
+    requires std::is_invocable_r_v<OpCost, F>
+  OpScope(Backend& be, const char* name, OpClass c, F&& cost) : p_(be.profiler) {
+    if (p_) p_->begin_op(name, c, cost());
   }
   ~OpScope() {
     if (p_) p_->end_op();

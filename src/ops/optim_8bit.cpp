@@ -98,13 +98,15 @@ void optim_8bit(Backend& be, Optim8bitAlgo algo, const Optim8bitSlice* slices, i
   detail::expect(op, "qmaps", qmaps, DType::F32, {(adamw ? 2 : 1) * bnb::kMapSize});
   detail::expect(op, "norm_coef", norm_coef, DType::F32, {kNormCoefSize});
   if (be.dry_run) return;
-  double moved = 0;  // param and the states read and written, grad read, the half copy written
-  for (int i = 0; i < count; ++i) {
-    const Optim8bitSlice& x = slices[i];
-    moved += detail::bytes(x.param, x.param, x.grad, x.half) +
-             2 * detail::bytes(x.state1, x.state2, x.absmax1, x.absmax2);
-  }
-  detail::OpScope scope(be, op, OpClass::Optimizer, {0, moved});
+  detail::OpScope scope(be, op, OpClass::Optimizer, [&] {
+    double moved = 0;  // param and the states read and written, grad read, the half copy written
+    for (int i = 0; i < count; ++i) {
+      const Optim8bitSlice& x = slices[i];
+      moved += detail::bytes(x.param, x.param, x.grad, x.half) +
+               2 * detail::bytes(x.state1, x.state2, x.absmax1, x.absmax2);
+    }
+    return OpCost{0, moved};
+  });
   for (int first = 0; first < count; first += kMaxTensorList)
     be.optim_8bit(algo, slices + first, std::min(kMaxTensorList, count - first), scalars, qmaps, norm_coef);
 }

@@ -17,9 +17,11 @@ void sum_squares(Backend& be, const Tensor* xs, int count, Tensor& out) {
   for (int i = 0; i < count; ++i) detail::expect_dtype("sum_squares", "x", xs[i], DType::F32);
   detail::expect("sum_squares", "out", out, DType::F32, {1});
   if (be.dry_run) return;
-  double read = 0;
-  for (int i = 0; i < count; ++i) read += double(xs[i].bytes());
-  detail::OpScope scope(be, "sum_squares", OpClass::Optimizer, {read / 2, read});
+  detail::OpScope scope(be, "sum_squares", OpClass::Optimizer, [&] {
+    double read = 0;
+    for (int i = 0; i < count; ++i) read += double(xs[i].bytes());
+    return OpCost{read / 2, read};
+  });
   for (int first = 0; first < count; first += kMaxTensorList)
     be.sum_squares(xs + first, std::min(kMaxTensorList, count - first), out);
 }
@@ -65,10 +67,11 @@ void adamw(Backend& be, const AdamWSlice* slices, int count, const AdamWStep& s,
              slices[i].weight_decay, s.weight_decay);
   }
   if (be.dry_run) return;
-  // Each element: param, m and v read and written, grad read, the half copy written.
-  double moved = 0;
-  for (int i = 0; i < count; ++i) moved += detail::bytes(slices[i].param) * 7 + detail::bytes(slices[i].half);
-  detail::OpScope scope(be, "adamw", OpClass::Optimizer, {0, moved});
+  detail::OpScope scope(be, "adamw", OpClass::Optimizer, [&] {
+    double moved = 0;  // each element: param, m and v read and written, grad read, the half copy written
+    for (int i = 0; i < count; ++i) moved += detail::bytes(slices[i].param) * 7 + detail::bytes(slices[i].half);
+    return OpCost{0, moved};
+  });
   for (int first = 0; first < count; first += kMaxTensorList)
     be.adamw(slices + first, std::min(kMaxTensorList, count - first), s, norm_coef);
 }

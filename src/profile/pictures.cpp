@@ -10,7 +10,6 @@ namespace hone {
 
 namespace {
 
-constexpr StepSpan kSpans[] = {StepSpan::Forward, StepSpan::Backward, StepSpan::Optimizer, StepSpan::Other};
 constexpr const char* kClassColors[kNumOpClasses] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2"};
 constexpr const char* kGapColor = "#d3cfcc";
 
@@ -82,7 +81,7 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
   constexpr double kWidth = 960, kLeft = 130, kBarWidth = 700, kBar = 26, kRow = 40;
   std::array<double, kNumStepSpans> phase_ms{};
   double longest = 0;
-  for (StepSpan p : kSpans) {
+  for (StepSpan p : kStepSpans) {
     phase_ms[size_t(p)] = (s.phase_total(p).seconds + s.gap_seconds[size_t(p)]) / n * 1e3;
     longest = std::max(longest, phase_ms[size_t(p)]);
   }
@@ -105,7 +104,7 @@ std::string profile_svg(const ProfileSummary& s, const Roofline& r, const Profil
   y += 36;
   text(20, y, "Where a step's time goes, by phase (ms)", " class=\"head\"");
   y += 14;
-  for (StepSpan p : kSpans) {
+  for (StepSpan p : kStepSpans) {
     if (phase_ms[size_t(p)] <= 0) continue;
     text(20, y + kBar * 0.7, step_span_name(p));
     double x = kLeft;

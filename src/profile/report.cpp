@@ -10,8 +10,6 @@ namespace hone {
 
 namespace {
 
-constexpr StepSpan kSpans[] = {StepSpan::Forward, StepSpan::Backward, StepSpan::Optimizer, StepSpan::Other};
-
 std::string ms_or_dash(double seconds) { return seconds > 0 ? fmt::format("{:.2f}", seconds * 1e3) : "-"; }
 
 // A rate with three figures or so, whatever its size.
@@ -63,7 +61,7 @@ std::string profile_table(const ProfileSummary& s, const Roofline& r, const Prof
   auto row = [&](const char* name, const std::array<double, kNumStepSpans>& by_phase, const OpTotals* t) {
     double total = 0;
     std::string cells;
-    for (StepSpan p : kSpans) {
+    for (StepSpan p : kStepSpans) {
       total += by_phase[size_t(p)];
       cells += fmt::format(" {:>9}", ms_or_dash(by_phase[size_t(p)] / n));
     }
@@ -73,13 +71,13 @@ std::string profile_table(const ProfileSummary& s, const Roofline& r, const Prof
   };
   for (int c = 0; c < kNumOpClasses; ++c) {
     std::array<double, kNumStepSpans> by_phase{};
-    for (StepSpan p : kSpans) by_phase[size_t(p)] = s.by_phase_class[size_t(p)][size_t(c)].seconds;
+    for (StepSpan p : kStepSpans) by_phase[size_t(p)] = s.by_phase_class[size_t(p)][size_t(c)].seconds;
     const OpTotals t = s.class_total(OpClass(c));
     if (t.calls > 0) out += row(op_class_name(OpClass(c)), by_phase, &t);
   }
   out += row("between ops", s.gap_seconds, nullptr);
   std::array<double, kNumStepSpans> step_by_phase{};
-  for (StepSpan p : kSpans) step_by_phase[size_t(p)] = s.phase_total(p).seconds + s.gap_seconds[size_t(p)];
+  for (StepSpan p : kStepSpans) step_by_phase[size_t(p)] = s.phase_total(p).seconds + s.gap_seconds[size_t(p)];
   out += row("step", step_by_phase, nullptr);
   out += fmt::format("\n{:<30} {:<9} {:<14} {:>6} {:>8} {:>7} {}\n", "op (most time first)", "phase", "class",
                      "calls", "ms", "share", fmt::format("{:>9} {:>8} {:>9}", "TFLOP/s", "GB/s", "roofline"));
@@ -107,7 +105,7 @@ nlohmann::ordered_json profile_json(const ProfileSummary& s, const Roofline& r, 
                    {"gb_per_second", round_to(r.bytes_per_second / 1e9, 1e-2)},
                    {"copy", r.copy}};
   nlohmann::ordered_json phases;
-  for (StepSpan p : kSpans) {
+  for (StepSpan p : kStepSpans) {
     OpTotals t = s.phase_total(p);
     t.seconds += s.gap_seconds[size_t(p)];
     phases[step_span_name(p)] = {{"ms_per_step", round_to(t.seconds / n * 1e3, 1e-4)},
@@ -118,7 +116,7 @@ nlohmann::ordered_json profile_json(const ProfileSummary& s, const Roofline& r, 
   for (int c = 0; c < kNumOpClasses; ++c) {
     nlohmann::ordered_json e = totals_json(s.class_total(OpClass(c)), n, s.step_seconds);
     nlohmann::ordered_json by_phase;
-    for (StepSpan p : kSpans)
+    for (StepSpan p : kStepSpans)
       by_phase[step_span_name(p)] = round_to(s.by_phase_class[size_t(p)][size_t(c)].seconds / n * 1e3, 1e-4);
     e["ms_per_step_by_phase"] = by_phase;
     classes[op_class_name(OpClass(c))] = e;

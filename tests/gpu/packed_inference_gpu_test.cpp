@@ -45,12 +45,7 @@ TEST_P(PackedInference, GivesThePaddedOutputs) {
       ids.push_back(t == 0 ? 2 : t < kLengths[b] ? 5 + (t * 37 + b * 11) % 500 : 0);
       mask.push_back(t < kLengths[b] ? 1 : 0);
     }
-  Batch batch;
-  batch.rows = kBatch;
-  batch.seq = kSeq;
-  batch.ids = ids.data();
-  batch.mask = mask.data();
-  batch.types = types.data();
+  const Batch batch{kBatch, kSeq, ids.data(), mask.data(), types.data(), nullptr, {}};
 
   // packed: the default for these right-padded rows; otherwise asking for the hidden
   // states keeps the padded layout. ops: the names of the ops that ran.
