@@ -26,7 +26,7 @@ struct Shape2 {
   bool varlen;
 };
 
-void bench(const std::string& precision, const BertConfig& c, const std::vector<float>& weights, Shape2 s,
+void bench(const std::string& precision, const ModelConfig& c, const std::vector<float>& weights, Shape2 s,
            std::mt19937& g) {
   TrainingArguments a;
   a.bf16 = precision == "bf16";
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     }
     std::vector<std::string> precisions(argv + 1, argv + argc);
     if (precisions.empty()) precisions = {"bf16"};
-    const BertConfig c = *builtin_config("bert-large-uncased");
+    const ModelConfig c = *builtin_config("bert-large-uncased");
     const ParamLayout layout(c);
     std::vector<float> weights(size_t(layout.count()));
     init_weights(c, layout, weights.data(), 42);

@@ -26,8 +26,8 @@ namespace hone {
 namespace {
 namespace fs = std::filesystem;
 
-BertConfig tiny_config() {
-  BertConfig c;
+ModelConfig tiny_config() {
+  ModelConfig c;
   c.vocab_size = 30522;
   c.hidden_size = 16;
   c.num_hidden_layers = 2;
@@ -58,7 +58,7 @@ struct Outcome {
 
 Outcome run_training(const TrainingArguments& a, int64_t stop_after = -1) {
   CpuBackend be;
-  const BertConfig c = tiny_config();
+  const ModelConfig c = tiny_config();
   TrainingRun run(a, c, 16, be, gradient_memory_for(a));
   init_weights(c, run.model().layout(), run.host_weights(), a.seed);
   std::unique_ptr<Dataset> data = open_dataset(a.dataset, a.seed, false);
@@ -217,7 +217,7 @@ TEST(Checkpoint, ResumingADifferentModelIsAnError) {
   a.max_steps = 4;
   run_training(a);
   CpuBackend be;
-  BertConfig other = tiny_config();
+  ModelConfig other = tiny_config();
   other.hidden_size = 32;
   TrainingRun run(a, other, 16, be);
   try {

@@ -23,7 +23,7 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 
 // A small model directory as transformers would write it.
 std::string write_model(const std::string& dir, int vocab = 30522) {
-  BertConfig c = *builtin_config("bert-tiny");
+  ModelConfig c = *builtin_config("bert-tiny");
   c.vocab_size = vocab;
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -66,7 +66,7 @@ TEST(Cli, TrainsAndWritesWhatTrainerWrites) {
   EXPECT_EQ(lines, 2);  // 4 updates, logged every 2
   SafetensorsFile saved(out + "/model.safetensors");
   EXPECT_NE(saved.find("classifier.weight"), nullptr);
-  EXPECT_EQ(BertConfig::load(out + "/config.json").hidden_size, 32);
+  EXPECT_EQ(ModelConfig::load(out + "/config.json").hidden_size, 32);
   EXPECT_TRUE(has(r.out, "memory anatomy")) << r.out;
 }
 
@@ -80,7 +80,7 @@ std::string edit_config(const std::string& dir, const nlohmann::json& changes) {
 
 // Rewrites the model.safetensors of `dir` without the parameter `left_out`; returns dir.
 std::string drop_tensor(const std::string& dir, const std::string& left_out) {
-  const BertConfig c = BertConfig::load(dir + "/config.json");
+  const ModelConfig c = ModelConfig::load(dir + "/config.json");
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 1);
@@ -122,7 +122,7 @@ TEST(Cli, EstimatePlansMixedPrecision) {
 TEST(Cli, ConfigNameReplacesTheModelsConfiguration) {
   test::TempDir tmp;
   const std::string model = write_model(tmp.path + "/model");
-  BertConfig tanh = BertConfig::load(model + "/config.json");
+  ModelConfig tanh = ModelConfig::load(model + "/config.json");
   tanh.hidden_act = "gelu_pytorch_tanh";
   std::filesystem::create_directories(tmp.path + "/tanh");
   tanh.save(tmp.path + "/tanh/config.json");
@@ -132,7 +132,7 @@ TEST(Cli, ConfigNameReplacesTheModelsConfiguration) {
     Result r = hone("train --model_name_or_path " + model + " --config_name " + config +
                     " --dataset synthetic:8x16 --per_device_train_batch_size 4 --output_dir " + out);
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_EQ(BertConfig::load(out + "/config.json").hidden_act, "gelu_pytorch_tanh") << config;
+    EXPECT_EQ(ModelConfig::load(out + "/config.json").hidden_act, "gelu_pytorch_tanh") << config;
   }
   const std::string out = tmp.path + "/out_refused";
   Result wide = hone("train --model_name_or_path " + model + " --config_name bert-tiny --dataset synthetic:8x16" +

@@ -53,7 +53,7 @@ void expect_error(F&& f, std::initializer_list<std::string> parts) {
   }
 }
 
-BertConfig parse(const json& j) { return BertConfig::from_json(j, "config.json"); }
+ModelConfig parse(const json& j) { return ModelConfig::from_json(j, "config.json"); }
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -61,7 +61,7 @@ std::string read_text(const std::string& path) {
 }
 
 TEST(Config, ParsesTransformersBertConfig) {
-  BertConfig c = parse(json::parse(kBertBaseConfig));
+  ModelConfig c = parse(json::parse(kBertBaseConfig));
   EXPECT_EQ(c.vocab_size, 30522);
   EXPECT_EQ(c.hidden_size, 768);
   EXPECT_EQ(c.num_hidden_layers, 12);
@@ -89,8 +89,8 @@ TEST(Config, ParsesTransformersBertConfig) {
 }
 
 TEST(Config, ParsesTransformers5Config) {
-  // What transformers 5.17 save_pretrained writes for BertForSequenceClassification.
-  BertConfig c = parse(json::parse(R"({
+  // What transformers 5.17 save_pretrained writes for SequenceClassifier.
+  ModelConfig c = parse(json::parse(R"({
     "add_cross_attention": false, "architectures": ["BertForSequenceClassification"],
     "attention_probs_dropout_prob": 0.1, "bos_token_id": null, "classifier_dropout": null,
     "dtype": "float32", "eos_token_id": null, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
@@ -109,8 +109,8 @@ TEST(Config, ParsesTransformers5Config) {
 }
 
 TEST(Config, EveryFieldIsOptional) {
-  BertConfig c = parse(json::object());
-  BertConfig d;
+  ModelConfig c = parse(json::object());
+  ModelConfig d;
   EXPECT_EQ(c.hidden_size, d.hidden_size);
   EXPECT_EQ(c.num_labels, 2);
   EXPECT_EQ(c.id2label.size(), 2u);
@@ -147,13 +147,13 @@ TEST(Config, SaveAndLoadRoundTrip) {
   src["problem_type"] = "single_label_classification";
   src["id2label"] = {{"0", "NEG"}, {"1", "NEU"}, {"2", "POS"}};
   src["custom_field"] = {{"nested", json::array({1, 2})}};
-  BertConfig a = parse(src);
+  ModelConfig a = parse(src);
   a.save(path);
   std::string text = read_text(path);
   EXPECT_EQ(text.back(), '\n');
   EXPECT_EQ(text.rfind("{\n  \"architectures\": [", 0), 0u);  // sorted keys, indent 2
 
-  BertConfig b = BertConfig::load(path);
+  ModelConfig b = ModelConfig::load(path);
   EXPECT_EQ(b.to_json(), a.to_json());
   EXPECT_EQ(b.num_labels, 3);
   EXPECT_EQ(b.id2label, (std::vector<std::string>{"NEG", "NEU", "POS"}));
@@ -169,25 +169,25 @@ TEST(Config, SaveAndLoadRoundTrip) {
 }
 
 TEST(Config, Id2LabelGivesNumLabels) {
-  BertConfig c = parse(json::parse(R"({"id2label": {"2": "NEU", "0": "NEG", "1": "POS"}})"));
+  ModelConfig c = parse(json::parse(R"({"id2label": {"2": "NEU", "0": "NEG", "1": "POS"}})"));
   EXPECT_EQ(c.num_labels, 3);
   EXPECT_EQ(c.id2label, (std::vector<std::string>{"NEG", "POS", "NEU"}));
   c.validate("config.json");
 
-  BertConfig d = parse(json::parse(
+  ModelConfig d = parse(json::parse(
       R"({"id2label": {"0": "NEG", "1": "POS"}, "label2id": {"POS": 1, "NEG": 0}, "num_labels": 2})"));
   EXPECT_EQ(d.id2label, (std::vector<std::string>{"NEG", "POS"}));
 
-  BertConfig e = parse(json::parse(R"({"label2id": {"b": 1, "a": 0}})"));
+  ModelConfig e = parse(json::parse(R"({"label2id": {"b": 1, "a": 0}})"));
   EXPECT_EQ(e.num_labels, 2);
   EXPECT_EQ(e.id2label, (std::vector<std::string>{"a", "b"}));
 }
 
 TEST(Config, NumLabelsWithoutId2LabelGivesDefaultNames) {
-  BertConfig c = parse(json::parse(R"({"num_labels": 3})"));
+  ModelConfig c = parse(json::parse(R"({"num_labels": 3})"));
   EXPECT_EQ(c.id2label, (std::vector<std::string>{"LABEL_0", "LABEL_1", "LABEL_2"}));
   EXPECT_EQ(c.resolved_problem_type(), "single_label_classification");
-  BertConfig r = parse(json::parse(R"({"num_labels": 1})"));
+  ModelConfig r = parse(json::parse(R"({"num_labels": 1})"));
   EXPECT_EQ(r.id2label, std::vector<std::string>{"LABEL_0"});
   EXPECT_EQ(r.resolved_problem_type(), "regression");
   r.problem_type = "single_label_classification";
@@ -230,10 +230,10 @@ TEST(Config, TypeErrorsNameSourceAndField) {
 }
 
 TEST(Config, NullableFieldsAcceptNull) {
-  BertConfig c = parse(json::parse(R"({"classifier_dropout": null, "problem_type": null})"));
+  ModelConfig c = parse(json::parse(R"({"classifier_dropout": null, "problem_type": null})"));
   EXPECT_FALSE(c.classifier_dropout.has_value());
   EXPECT_TRUE(c.problem_type.empty());
-  BertConfig d = parse(json::parse(R"({"classifier_dropout": 0, "problem_type": "regression", "num_labels": 1})"));
+  ModelConfig d = parse(json::parse(R"({"classifier_dropout": 0, "problem_type": "regression", "num_labels": 1})"));
   EXPECT_EQ(d.classifier_dropout, 0.0f);
   EXPECT_EQ(d.effective_classifier_dropout(), 0.0f);
   EXPECT_EQ(d.resolved_problem_type(), "regression");
@@ -281,7 +281,7 @@ TEST(Config, ValidationErrorsNameSourceAndField) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.json);
     try {
-      BertConfig::from_json(json::parse(c.json), "/models/x/config.json");
+      ModelConfig::from_json(json::parse(c.json), "/models/x/config.json");
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -292,7 +292,7 @@ TEST(Config, ValidationErrorsNameSourceAndField) {
 }
 
 TEST(Config, RangeLimitsAreInclusiveWhereTheyShouldBe) {
-  BertConfig c = parse(json::parse(R"({"num_hidden_layers": 1364, "hidden_size": 64, "num_attention_heads": 64,
+  ModelConfig c = parse(json::parse(R"({"num_hidden_layers": 1364, "hidden_size": 64, "num_attention_heads": 64,
       "pad_token_id": 30521, "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 0.999,
       "classifier_dropout": 0, "initializer_range": 0, "layer_norm_eps": 1e-30, "num_labels": 1,
       "max_position_embeddings": 1, "type_vocab_size": 1, "intermediate_size": 1})"));
@@ -302,13 +302,13 @@ TEST(Config, RangeLimitsAreInclusiveWhereTheyShouldBe) {
 
 // validate() also guards configurations made in code, not only those read from files.
 TEST(Config, ValidateChecksConfigsMadeInCode) {
-  BertConfig c;
+  ModelConfig c;
   c.num_attention_heads = 0;
   expect_error([&] { c.validate("bert-custom"); }, {"bert-custom: num_attention_heads must be >= 1, got 0"});
-  c = BertConfig{};
+  c = ModelConfig{};
   c.layer_norm_eps = std::numeric_limits<float>::infinity();
   expect_error([&] { c.validate("bert-custom"); }, {"bert-custom: layer_norm_eps must be > 0, got inf"});
-  c = BertConfig{};
+  c = ModelConfig{};
   c.hidden_dropout_prob = std::numeric_limits<float>::quiet_NaN();
   expect_error([&] { c.validate("bert-custom"); }, {"hidden_dropout_prob must be in [0, 1), got nan"});
 }
@@ -323,25 +323,25 @@ TEST(Config, OtherModelTypesAreRefusedFromTheFile) {
       "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
       "model_type": "roberta", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
       "type_vocab_size": 1, "vocab_size": 50265})";
-  expect_error([&] { BertConfig::load(path); }, {path + R"(: model_type "roberta")", R"(hone has: "bert")"});
+  expect_error([&] { ModelConfig::load(path); }, {path + R"(: model_type "roberta")", R"(hone has: "bert")"});
   // A BERT encoder saved with any head, or with no model_type at all, is a BERT.
   std::ofstream(path) << R"({"architectures": ["BertForPreTraining"], "model_type": "bert"})";
-  EXPECT_EQ(BertConfig::load(path).hidden_size, 768);
+  EXPECT_EQ(ModelConfig::load(path).hidden_size, 768);
   std::ofstream(path) << R"({"architectures": ["BertModel"]})";
-  EXPECT_EQ(BertConfig::load(path).hidden_size, 768);
+  EXPECT_EQ(ModelConfig::load(path).hidden_size, 768);
 }
 
 TEST(Config, RangeErrorsFromAFileNameThePath) {
   TempDir dir;
   const std::string path = dir.path + "/config.json";
   std::ofstream(path) << R"({"model_type": "bert", "num_attention_heads": 0})";
-  expect_error([&] { BertConfig::load(path); }, {path + ": num_attention_heads must be >= 1, got 0"});
+  expect_error([&] { ModelConfig::load(path); }, {path + ": num_attention_heads must be >= 1, got 0"});
   std::ofstream(path) << R"({"model_type": "bert", "num_hidden_layers": -1})";
-  expect_error([&] { BertConfig::load(path); }, {path + ": num_hidden_layers must be in [1, 1364], got -1"});
+  expect_error([&] { ModelConfig::load(path); }, {path + ": num_hidden_layers must be in [1, 1364], got -1"});
 }
 
 TEST(Config, ActivationNames) {
-  BertConfig c;
+  ModelConfig c;
   for (auto [name, act] : {std::pair{"gelu", Activation::Gelu}, std::pair{"gelu_new", Activation::GeluTanh},
                            std::pair{"gelu_pytorch_tanh", Activation::GeluTanh}, std::pair{"relu", Activation::Relu}}) {
     c.hidden_act = name;
@@ -353,13 +353,13 @@ TEST(Config, ActivationNames) {
 TEST(Config, LoadErrorsNameThePath) {
   TempDir dir;
   std::string missing = dir.path + "/absent/config.json";
-  expect_error([&] { BertConfig::load(missing); }, {"cannot read config.json at " + missing});
+  expect_error([&] { ModelConfig::load(missing); }, {"cannot read config.json at " + missing});
   std::string bad = dir.path + "/config.json";
   std::ofstream(bad) << "{\"hidden_size\": 768,";
-  expect_error([&] { BertConfig::load(bad); }, {bad, "invalid JSON"});
+  expect_error([&] { ModelConfig::load(bad); }, {bad, "invalid JSON"});
   std::ofstream(bad) << R"({"hidden_size": "big"})";
-  expect_error([&] { BertConfig::load(bad); }, {bad + ": field 'hidden_size' must be an integer"});
-  expect_error([&] { BertConfig::load(dir.path); }, {"cannot read config.json at " + dir.path});
+  expect_error([&] { ModelConfig::load(bad); }, {bad + ": field 'hidden_size' must be an integer"});
+  expect_error([&] { ModelConfig::load(dir.path); }, {"cannot read config.json at " + dir.path});
 }
 
 // A number no double holds (1e400, which Python's json reads as inf) made nlohmann throw
@@ -370,7 +370,7 @@ TEST(Config, NumberOverflowIsAnErrorNamingTheFile) {
   for (const char* text : {R"({"hidden_size": 1e400})", R"({"id2label": 1e400, "hidden_size": 32})",
                            R"({"layer_norm_eps": -1e400})"}) {
     std::ofstream(path) << text;
-    expect_error([&] { BertConfig::load(path); }, {path + ": invalid JSON", "number overflow"});
+    expect_error([&] { ModelConfig::load(path); }, {path + ": invalid JSON", "number overflow"});
   }
 }
 
@@ -424,7 +424,7 @@ TEST(Config, BuiltinConfigs) {
 }
 
 TEST(Config, BertLargeHasTheKnownParameterCount) {
-  BertConfig c = *builtin_config("bert-large-uncased");
+  ModelConfig c = *builtin_config("bert-large-uncased");
   const int64_t V = c.vocab_size, P = c.max_position_embeddings, T = c.type_vocab_size;
   const int64_t H = c.hidden_size, I = c.intermediate_size, L = c.num_hidden_layers, N = c.num_labels;
   const int64_t embeddings = V * H + P * H + T * H + 2 * H;

@@ -9,8 +9,8 @@
 namespace hone {
 namespace {
 
-BertConfig small_config() {
-  BertConfig c;
+ModelConfig small_config() {
+  ModelConfig c;
   c.vocab_size = 1000;
   c.hidden_size = 64;
   c.num_hidden_layers = 2;

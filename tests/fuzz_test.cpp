@@ -170,7 +170,7 @@ struct Base {
     vocab_model = dir.path + "/vocab_model";
     json_model = dir.path + "/json_model";
     data = dir.path + "/data";
-    BertConfig c = *builtin_config("bert-tiny");
+    ModelConfig c = *builtin_config("bert-tiny");
     c.vocab_size = int(kSpecials.size() + kWords.size());
     c.hidden_size = 32;
     c.num_attention_heads = 2;

@@ -19,12 +19,12 @@ namespace hone::test {
 // One fixture directory: config.json, golden.safetensors, train_args.json.
 struct Golden {
   std::string dir;
-  BertConfig config;
+  ModelConfig config;
   SafetensorsFile file;
   nlohmann::json train_args;
   explicit Golden(const std::string& name)
       : dir(test::fixtures_dir() + "/" + name),
-        config(BertConfig::load(dir + "/config.json")),
+        config(ModelConfig::load(dir + "/config.json")),
         file(dir + "/golden.safetensors") {
     std::ifstream f(dir + "/train_args.json");
     train_args = nlohmann::json::parse(f);

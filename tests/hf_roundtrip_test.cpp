@@ -24,7 +24,7 @@ TEST(HuggingFaceRoundTrip, SavedModelGivesHoneLogitsInTransformers) {
   const std::string tok = test::fixtures_dir() + "/tokenizer/minilm";
   ASSERT_TRUE(std::filesystem::exists(tok + "/tokenizer.json")) << tok;
   test::TempDir dir;
-  BertConfig c = *builtin_config("bert-tiny");
+  ModelConfig c = *builtin_config("bert-tiny");
   c.hidden_size = 32;
   c.num_attention_heads = 4;
   c.intermediate_size = 64;

@@ -62,7 +62,7 @@ TEST(NormalDraws, BackendFillEqualsThePairs) {
 
 TEST(NormalDraws, RunInitialisesAsTheHostDoes) {
   CpuBackend be;
-  BertConfig c = *builtin_config("bert-tiny");
+  ModelConfig c = *builtin_config("bert-tiny");
   c.pad_token_id = 3;
   TrainingArguments a;
   a.per_device_train_batch_size = 2;

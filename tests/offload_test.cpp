@@ -13,8 +13,8 @@
 namespace hone {
 namespace {
 
-BertConfig tiny() {
-  BertConfig c = *builtin_config("bert-tiny");
+ModelConfig tiny() {
+  ModelConfig c = *builtin_config("bert-tiny");
   c.hidden_size = 24;
   c.num_hidden_layers = 2;
   c.num_attention_heads = 2;
@@ -42,7 +42,7 @@ std::pair<std::vector<float>, std::vector<std::vector<float>>> train(const Train
                                                                      std::vector<int> windows = {}) {
   if (windows.empty()) windows.assign(3, a.gradient_accumulation_steps);
   CpuBackend be;
-  const BertConfig c = tiny();
+  const ModelConfig c = tiny();
   TrainingRun run(a, c, 16, be, gradient_memory_for(a));
   std::vector<float> w(size_t(run.model().layout().count()));
   init_weights(c, run.model().layout(), w.data(), 3);
@@ -83,7 +83,7 @@ TEST(OffloadRun, EqualsTheUpdateOnTheDeviceBitForBit) {
     for (size_t i = 0; i < on_device.second.size(); ++i) EXPECT_EQ(offloaded.second[i], on_device.second[i]) << optim;
     // The weights moved: the comparison is not of two untouched copies.
     std::vector<float> w0(on_device.first.size());
-    init_weights(tiny(), BertForSequenceClassification(tiny()).layout(), w0.data(), 3);
+    init_weights(tiny(), SequenceClassifier(tiny()).layout(), w0.data(), 3);
     EXPECT_NE(on_device.first, w0) << optim;
   }
 }
@@ -104,7 +104,7 @@ TEST(OffloadRun, WindowsOfOtherLengthsEqualTheDevice) {
 TEST(OffloadRun, ResumesBitForBitWithOrWithoutOffloading) {
   auto run_training = [](TrainingArguments a, int64_t stop_after, TrainerState* state) {
     CpuBackend be;
-    const BertConfig c = tiny();
+    const ModelConfig c = tiny();
     TrainingRun run(a, c, 16, be, gradient_memory_for(a));
     std::vector<float> w(size_t(run.model().layout().count()));
     init_weights(c, run.model().layout(), w.data(), a.seed);
@@ -146,8 +146,8 @@ TEST(OffloadRun, ResumesBitForBitWithOrWithoutOffloading) {
 
 TEST(OffloadPlan, PutsMasterWeightsGradientsAndStateOnTheHost) {
   CpuBackend be;
-  const BertConfig c = tiny();
-  const int64_t n = BertForSequenceClassification(c).layout().count();
+  const ModelConfig c = tiny();
+  const int64_t n = SequenceClassifier(c).layout().count();
   auto bytes = [](const MemoryPlan& p, Category k) { return p.category_bytes[size_t(k)]; };
   const size_t f32 = (size_t(n) * 4 + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
 

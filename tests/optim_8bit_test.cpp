@@ -108,7 +108,7 @@ TEST(Optim8bit, BlockwiseAbsmaxAndCodes) {
 // the embeddings, one byte per element and state plus 4 bytes per 256 elements; the
 // other tensors 4 bytes per element and state; the maps; every buffer 256-byte aligned.
 TEST(Optim8bit, PlanHoldsBlockwiseState) {
-  const BertConfig c;  // bert-base
+  const ModelConfig c;  // bert-base
   const ParamLayout layout(c);
   int64_t codes = 0, blocks = 0, small = 0;
   for (const ParamEntry& e : layout.entries()) {

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "hone/bert.h"
+#include "hone/model.h"
 #include "hone/ops.h"
 #include "test_util.h"
 
@@ -38,7 +38,7 @@ TrainingArguments fixture_args(const std::string& json_text) {
 }  // namespace
 
 OptimFixture::OptimFixture(const std::string& name)
-    : dir(fixtures_dir() + "/optim/" + name), config(BertConfig::load(dir + "/config.json")) {
+    : dir(fixtures_dir() + "/optim/" + name), config(ModelConfig::load(dir + "/config.json")) {
   SafetensorsFile file(dir + "/steps.safetensors");
   args = fixture_args(file.metadata().at("args"));
   steps = std::stoi(file.metadata().at("steps"));

@@ -14,7 +14,7 @@ namespace hone::test {
 
 struct OptimFixture {
   std::string dir;
-  BertConfig config;
+  ModelConfig config;
   TrainingArguments args;  // the flags the fixture's Trainer was given
   int steps = 0;
   std::vector<float> lr;   // of each update

@@ -71,13 +71,13 @@ TEST(OptimArgs, SgdAndAdagradTakeTrainersKeysAndTorchsRules) {
     std::unique_ptr<Optimizer> o = make_optimizer(a);
     MemoryPlanner plan;
     plan.begin_phase(Phase::Setup);
-    o->take_state(plan, ParamLayout(BertConfig{}));
+    o->take_state(plan, ParamLayout(ModelConfig{}));
     plan.end_phase();
     std::vector<std::string> got;
     for (const StateTensor& t : o->state()) got.push_back(t.name);
     EXPECT_EQ(got, names) << optim << " " << args;
     EXPECT_EQ(plan.finish().category_bytes[size_t(Category::OptimizerState)],
-              names.empty() ? 0 : (ParamLayout(BertConfig{}).count() * 4 + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment)
+              names.empty() ? 0 : (ParamLayout(ModelConfig{}).count() * 4 + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment)
         << optim;
   }
 }

@@ -19,8 +19,8 @@ namespace {
 
 constexpr int kBatch = 4, kSeq = 16, kSteps = 3;
 
-BertConfig tiny_config() {
-  BertConfig c;
+ModelConfig tiny_config() {
+  ModelConfig c;
   c.vocab_size = 30522;  // the synthetic data's ids
   c.hidden_size = 32;
   c.num_hidden_layers = 2;

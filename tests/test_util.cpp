@@ -84,7 +84,7 @@ TempDir::~TempDir() {
 
 std::string fixtures_dir() { return HONE_FIXTURES_DIR; }
 
-std::string save_random_model(const std::string& dir, const BertConfig& c, uint64_t seed) {
+std::string save_random_model(const std::string& dir, const ModelConfig& c, uint64_t seed) {
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), seed);
@@ -93,7 +93,7 @@ std::string save_random_model(const std::string& dir, const BertConfig& c, uint6
 }
 
 std::string save_dropout_free_tiny_model(const std::string& dir, int hidden, int intermediate) {
-  BertConfig c = *builtin_config("bert-tiny");
+  ModelConfig c = *builtin_config("bert-tiny");
   c.hidden_size = hidden;
   c.intermediate_size = intermediate;
   c.max_position_embeddings = 64;

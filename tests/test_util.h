@@ -54,7 +54,7 @@ std::string fixtures_dir();
 
 // A model directory as transformers writes it (config.json, model.safetensors), with
 // weights initialised from `seed`; returns dir.
-std::string save_random_model(const std::string& dir, const BertConfig& c, uint64_t seed);
+std::string save_random_model(const std::string& dir, const ModelConfig& c, uint64_t seed);
 
 // bert-tiny's configuration at this hidden and intermediate size, without dropout (the same
 // function on any number of ranks), saved as save_random_model does; returns dir.

@@ -40,7 +40,7 @@ struct TextSetup {
     for (const char* s : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}) v << s << "\n";
     for (const auto& w : kWords) v << w << "\n";
     v.close();
-    BertConfig c = *builtin_config("bert-tiny");
+    ModelConfig c = *builtin_config("bert-tiny");
     c.vocab_size = 5 + int(kWords.size());
     c.hidden_size = 16;
     c.intermediate_size = 32;
@@ -78,7 +78,7 @@ TEST(TextTraining, TrainEvaluateCheckpointTensorBoardPredict) {
   EXPECT_TRUE(has(r.out, "loaded the best model from")) << r.out;
 
   // The final directory: the model with its label names, the tokenizer, the results.
-  const BertConfig c = BertConfig::load(out + "/config.json");
+  const ModelConfig c = ModelConfig::load(out + "/config.json");
   EXPECT_EQ(c.id2label, (std::vector<std::string>{"negative", "positive"}));
   for (const char* f : {"model.safetensors", "vocab.txt", "tokenizer_config.json", "eval_results.json",
                         "train_results.json", "trainer_state.json", "training_args.json", "trainer_log.jsonl"})
@@ -206,7 +206,7 @@ TEST(TextTraining, RegressionWithStepEvaluationAndBestCheckpoints) {
   r = hone(args + " --ignore_mismatched_sizes");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "initialised anew: ['classifier.weight', 'classifier.bias']")) << r.out;
-  const BertConfig c = BertConfig::load(out + "/config.json");
+  const ModelConfig c = ModelConfig::load(out + "/config.json");
   EXPECT_EQ(c.num_labels, 1);
   EXPECT_EQ(c.problem_type, "regression");
   std::ifstream stf(out + "/trainer_state.json");
@@ -349,7 +349,7 @@ TEST(TextTraining, BadTextFilesNameTheFileLineAndColumn) {
   EXPECT_TRUE(has(r.out, "one.jsonl: every label in column \"label\" is \"pos\": the data has one class")) << r.out;
   EXPECT_FALSE(has(r.out, "classifier.weight")) << r.out;
   // For a regression model, integer labels all alike are its targets.
-  BertConfig c = BertConfig::load(s.model + "/config.json");
+  ModelConfig c = ModelConfig::load(s.model + "/config.json");
   c.num_labels = 1;
   c.id2label = {"LABEL_0"};
   c.problem_type = "regression";
@@ -359,7 +359,7 @@ TEST(TextTraining, BadTextFilesNameTheFileLineAndColumn) {
            file("three.csv", "text,label\ngood .,3\nbad .,3\n"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "regression targets")) << r.out;
-  EXPECT_EQ(BertConfig::load(s.dir.path + "/reg_out/config.json").problem_type, "regression");
+  EXPECT_EQ(ModelConfig::load(s.dir.path + "/reg_out/config.json").problem_type, "regression");
 }
 
 TEST(TextTraining, ResumeFromLastContinuesTheRun) {

@@ -32,8 +32,8 @@ void operator delete(void* p, size_t) noexcept { std::free(p); }
 namespace hone {
 namespace {
 
-BertConfig small_config(int labels = 2) {
-  BertConfig c;
+ModelConfig small_config(int labels = 2) {
+  ModelConfig c;
   c.vocab_size = 30522;
   c.hidden_size = 24;
   c.num_hidden_layers = 2;
@@ -74,7 +74,7 @@ struct Rows {
 
 TEST(MemoryPlanOfRun, EstimateEqualsPlanEqualsAllocation) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   const TrainingArguments a = small_args(4);
   MemoryPlan estimate = TrainingRun::plan(a, c, 16, be);
   TrainingRun run(a, c, 16, be);
@@ -105,7 +105,7 @@ TEST(MemoryPlanOfRun, EstimateEqualsPlanEqualsAllocation) {
 
 TEST(MemoryPlanOfRun, StepTakesNoMemoryAndLiveBuffersNeverOverlap) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingRun run(small_args(4), c, 16, be);
   init_weights(c, run.model().layout(), run.host_weights(), 1);
   Rows r(4, 16, 3);
@@ -128,7 +128,7 @@ TEST(MemoryPlanOfRun, StepTakesNoMemoryAndLiveBuffersNeverOverlap) {
 // the same as with a persistent gradient buffer.
 TEST(MemoryPlanOfRun, StepScopedGradientsReuseActivationMemory) {
   CpuBackend be;
-  BertConfig c = small_config();
+  ModelConfig c = small_config();
   c.num_hidden_layers = 4;
   c.vocab_size = 300;  // BERT's proportions: the word embeddings do not dwarf the layers
   const TrainingArguments a = small_args(4);
@@ -176,7 +176,7 @@ TEST(MemoryPlanOfRun, StepScopedGradientsReuseActivationMemory) {
 
 TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   CpuBackend be;
-  BertConfig c = small_config();
+  ModelConfig c = small_config();
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
   const TrainingArguments a = small_args(4);
   TrainingRun run(a, c, 16, be, GradientMemory::Persistent, RunPhases{true, 6});
@@ -208,7 +208,7 @@ TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
 // Right-padded rows run packed (no work on padding); a mask with a hole runs padded.
 TEST(Inference, PackedBatchesGiveThePaddedLogits) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingRun run(small_args(4), c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
   init_weights(c, run.model().layout(), run.host_weights(), 5);
   Rows r(4, 16, 7);  // rows of 16, 15, 14 and 13 attended tokens
@@ -239,7 +239,7 @@ TEST(Inference, PackedBatchesGiveThePaddedLogits) {
 
 TEST(Inference, ShorterPaddingGivesTheSameLogits) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingRun run(small_args(4), c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
   init_weights(c, run.model().layout(), run.host_weights(), 5);
   // Two rows of 5 and 8 real tokens, padded to 8 and to 16.
@@ -285,7 +285,7 @@ class RaggedDataset final : public Dataset {
 // returns each example's logits in the dataset's order: those of the example alone.
 TEST(Inference, BatchesByLengthAndKeepsTheDatasetsOrder) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingArguments a = small_args(4);
   a.per_device_eval_batch_size = 4;
   TrainingRun run(a, c, 16, be, GradientMemory::Persistent, RunPhases{false, 4});
@@ -313,7 +313,7 @@ TEST(Inference, BatchesByLengthAndKeepsTheDatasetsOrder) {
 
 TEST(Inference, PlannedWithTheRunAndWithinItsMemory) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   const TrainingArguments a = small_args(4);
   const MemoryPlan with = TrainingRun::plan(a, c, 16, be, GradientMemory::StepScoped, RunPhases{true, 4});
   const MemoryPlan without = TrainingRun::plan(a, c, 16, be, GradientMemory::StepScoped);
@@ -342,7 +342,7 @@ class GradientCheckpointing : public ::testing::TestWithParam<int> {};
 TEST_P(GradientCheckpointing, EqualsThePlainRunBitForBit) {
   const int accumulation = GetParam();
   CpuBackend be;
-  BertConfig c = small_config();
+  ModelConfig c = small_config();
   c.num_hidden_layers = 3;  // a middle layer: selective recomputes its input from the layer below
   c.hidden_dropout_prob = 0.1;
   c.attention_probs_dropout_prob = 0.2;
@@ -409,7 +409,7 @@ INSTANTIATE_TEST_SUITE_P(Accumulation, GradientCheckpointing, ::testing::Values(
 // without checkpointing; the run allocates its plan.
 TEST(GradientCheckpointingPlan, KeepsLessActivationMemory) {
   CpuBackend be;
-  BertConfig c = small_config();
+  ModelConfig c = small_config();
   c.num_hidden_layers = 4;
   const TrainingArguments a = small_args(4);
   auto plan = [&](bool on, const char* policy) {
@@ -465,7 +465,7 @@ TEST(TrainerLoop, StepCountsFollowTrainer) {
 // Two micro-batches of 2 with grad_scale 1/2 give the gradients of one batch of 4.
 TEST(TrainerLoop, GradientAccumulationAveragesLikeOneBigBatch) {
   CpuBackend be;
-  BertConfig c = small_config(3);
+  ModelConfig c = small_config(3);
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
   Rows r(4, 16, 5);
   r.labels = {0, 2, 1, 2};
@@ -485,7 +485,7 @@ TEST(TrainerLoop, GradientAccumulationAveragesLikeOneBigBatch) {
 
 TEST(TrainerLoop, DropoutIsReproducibleAndChangesEachStep) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   Rows r(4, 16, 9);
   TrainingRun run(small_args(4), c, 16, be);
   init_weights(c, run.model().layout(), run.host_weights(), 1);
@@ -500,7 +500,7 @@ TEST(TrainerLoop, DropoutIsReproducibleAndChangesEachStep) {
 
 TEST(TrainerLoop, LearnsAndLogsLikeTrainer) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingArguments a = small_args(4);
   a.num_train_epochs = 3;
   a.logging_steps = 4;
@@ -534,7 +534,7 @@ TEST(TrainerLoop, LearnsAndLogsLikeTrainer) {
 
 TEST(TrainerLoop, TimeSplitAndModelFlops) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingArguments a = small_args(4);
   a.max_steps = 3;
   TrainingRun run(a, c, 16, be);
@@ -547,7 +547,7 @@ TEST(TrainerLoop, TimeSplitAndModelFlops) {
   EXPECT_DOUBLE_EQ(m.model_flops, 3 * run.model().training_flops(4, 16));
   // bert-large at 512 tokens: about 1.0 TFLOP per sample, 2 per multiply-add, x3 for
   // training: 24 layers x (2 (4H^2 + 2HI) + 4SH) per token, and the pooler and classifier.
-  BertForSequenceClassification large(*builtin_config("bert-large-uncased"));
+  SequenceClassifier large(*builtin_config("bert-large-uncased"));
   const double per_token = 24.0 * (2 * (4.0 * 1024 * 1024 + 2.0 * 1024 * 4096) + 4.0 * 512 * 1024);
   EXPECT_DOUBLE_EQ(large.training_flops(1, 512), 3 * (512 * per_token + 2 * (1024.0 * 1024 + 1024 * 2)));
   EXPECT_NEAR(large.training_flops(1, 512), 1.005e12, 1e9);
@@ -555,7 +555,7 @@ TEST(TrainerLoop, TimeSplitAndModelFlops) {
 
 TEST(TrainerLoop, DivergenceIsAnErrorNotANumber) {
   CpuBackend be;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   TrainingArguments a = small_args(4);
   a.learning_rate = 1e30;
   a.max_grad_norm = 0;
@@ -596,7 +596,7 @@ TEST(MixedPrecisionRun, TakesAnyMaskAndRefusesHalfOpsOnTheCpu) {
 // saving a host copy of its weights writes.
 TEST(ModelFiles, StreamedSaveEqualsSavingTheHostCopy) {
   CpuBackend be;
-  const BertConfig c = small_config(3);
+  const ModelConfig c = small_config(3);
   TrainingRun run(small_args(2), c, 16, be);
   run.init_weights(9);
   std::vector<float> w(size_t(run.model().layout().count()));
@@ -616,7 +616,7 @@ TEST(ModelFiles, StreamedSaveEqualsSavingTheHostCopy) {
 
 TEST(ModelFiles, SaveThenLoadIsBitExact) {
   test::TempDir dir;
-  const BertConfig c = small_config(3);
+  const ModelConfig c = small_config(3);
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count())), back(w.size(), -1.0f);
   init_weights(c, layout, w.data(), 11);
@@ -630,7 +630,7 @@ TEST(ModelFiles, SaveThenLoadIsBitExact) {
 }
 
 TEST(ModelFiles, InitIsHuggingFaceStyle) {
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 3);
@@ -652,7 +652,7 @@ TEST(ModelFiles, InitIsHuggingFaceStyle) {
 // classifier, plus pre-training heads the classifier does not use.
 TEST(ModelFiles, LoadsBaseModelCheckpointsAndReportsWhatItInitialised) {
   test::TempDir dir;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 5);
@@ -689,7 +689,7 @@ void write_renamed(const std::string& path, const ParamLayout& layout, float* w,
   write_safetensors(path, tensors);
 }
 
-std::string load_error(const std::string& path, const BertConfig& c, const ParamLayout& layout) {
+std::string load_error(const std::string& path, const ModelConfig& c, const ParamLayout& layout) {
   std::vector<float> w(size_t(layout.count()));
   try {
     load_weights(path, c, layout, w.data(), 0);
@@ -703,7 +703,7 @@ std::string load_error(const std::string& path, const BertConfig& c, const Param
 // fine-tune from noise where the checkpoint should have been.
 TEST(ModelFiles, MissingEncoderTensorsAreAnError) {
   test::TempDir dir;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   const std::string path = dir.path + "/model.safetensors";
@@ -729,7 +729,7 @@ TEST(ModelFiles, MissingEncoderTensorsAreAnError) {
             std::string::npos) << m;
 
   // A checkpoint of fewer layers than config.json says.
-  BertConfig deeper = small_config();
+  ModelConfig deeper = small_config();
   deeper.num_hidden_layers = 3;
   ParamLayout deeper_layout(deeper);
   write_renamed(path, layout, w.data(), [](const std::string& n) { return n; });
@@ -742,7 +742,7 @@ TEST(ModelFiles, MissingEncoderTensorsAreAnError) {
 // transformers, the embeddings' included.
 TEST(ModelFiles, IgnoreMismatchedSizesReinitialisesEncoderTensorsToo) {
   test::TempDir dir;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 3);
@@ -768,7 +768,7 @@ TEST(ModelFiles, IgnoreMismatchedSizesReinitialisesEncoderTensorsToo) {
 
 TEST(ModelFiles, WrongShapeNamesFileAndTensor) {
   test::TempDir dir;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   std::vector<NamedTensor> tensors;
@@ -798,10 +798,10 @@ TEST(ModelFiles, WrongShapeNamesFileAndTensor) {
 // allocate hundreds of GB for its weights before load_weights saw the file's shapes).
 TEST(ModelFiles, CheckWeightsFitRefusesAModelTheFileDoesNotHold) {
   test::TempDir dir;
-  const BertConfig c = small_config();
+  const ModelConfig c = small_config();
   const std::string path = test::save_random_model(dir.path + "/m", c, 1) + "/model.safetensors";
   check_weights_fit(path, c);  // the model the file holds
-  BertConfig huge = c;
+  ModelConfig huge = c;
   huge.vocab_size = 1000000000;
   try {
     check_weights_fit(path, huge);
@@ -812,7 +812,7 @@ TEST(ModelFiles, CheckWeightsFitRefusesAModelTheFileDoesNotHold) {
     EXPECT_NE(m.find("[1000000000, "), std::string::npos) << m;
   }
   check_weights_fit(path, huge, true);  // --ignore_mismatched_sizes: initialised anew
-  BertConfig deeper = c;
+  ModelConfig deeper = c;
   deeper.num_hidden_layers = c.num_hidden_layers + 1;
   try {
     check_weights_fit(path, deeper);

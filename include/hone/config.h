@@ -1,5 +1,5 @@
 #pragma once
-// BertConfig with Hugging Face's field names and defaults (transformers.BertConfig).
+// ModelConfig with Hugging Face's field names and defaults (transformers.ModelConfig).
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -10,7 +10,7 @@
 
 namespace hone {
 
-struct BertConfig {
+struct ModelConfig {
   int vocab_size = 30522;
   int hidden_size = 768;
   int num_hidden_layers = 12;
@@ -32,8 +32,8 @@ struct BertConfig {
   nlohmann::json extra = nlohmann::json::object();  // fields hone does not use, written back unchanged
 
   // Parses a config.json object and validates it; `source` names the file in error messages.
-  static BertConfig from_json(const nlohmann::json& j, const std::string& source);
-  static BertConfig load(const std::string& path);  // reads, parses and validates a config.json
+  static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
+  static ModelConfig load(const std::string& path);  // reads, parses and validates a config.json
   nlohmann::json to_json() const;                   // as transformers writes it
   void save(const std::string& path) const;         // atomically
 
@@ -50,7 +50,7 @@ struct BertConfig {
 // Configurations hone knows without any file: bert-tiny, bert-mini, bert-small,
 // bert-medium, bert-base-uncased, bert-large-uncased, also under their Hub names
 // (google-bert/bert-base-uncased, prajjwal1/bert-tiny, google/bert_uncased_L-2_H-128_A-2, ...).
-std::optional<BertConfig> builtin_config(std::string_view name);
+std::optional<ModelConfig> builtin_config(std::string_view name);
 std::vector<std::string> builtin_config_names();
 
 }  // namespace hone

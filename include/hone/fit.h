@@ -25,7 +25,7 @@ uint64_t parse_memory_size(const std::string& text);
 // The largest per-device batch in [1, a.per_device_train_batch_size] whose plan fits in
 // `budget` bytes, or 0 if not even batch 1 fits. `bytes` receives its plan's size (or
 // batch 1's when none fits).
-int largest_fitting_batch(const TrainingArguments& a, const BertConfig& c, int seq, Backend& be, RunPhases phases,
+int largest_fitting_batch(const TrainingArguments& a, const ModelConfig& c, int seq, Backend& be, RunPhases phases,
                           uint64_t budget, uint64_t* bytes = nullptr);
 
 // One way to run: the arguments, the plan's bytes, and the predicted time per sample
@@ -42,13 +42,13 @@ struct FitCandidate {
 // with every combination of checkpointing policy, precision (bf16 only where
 // `mixed_precision` is true) and memory-saving optimizer, each at the largest batch
 // that fits; those that fit `budget`, fastest first.
-std::vector<FitCandidate> fitting_configurations(const TrainingArguments& a, const BertConfig& c, int seq,
+std::vector<FitCandidate> fitting_configurations(const TrainingArguments& a, const ModelConfig& c, int seq,
                                                  Backend& be, RunPhases phases, uint64_t budget,
                                                  bool mixed_precision);
 
 // For a run whose plan does not fit: the fitting configurations nearest to it, as a
 // sentence for an error message ("--gradient_checkpointing (7.1 GB), ...").
-std::string methods_that_fit(const TrainingArguments& a, const BertConfig& c, int seq, Backend& be, RunPhases phases,
+std::string methods_that_fit(const TrainingArguments& a, const ModelConfig& c, int seq, Backend& be, RunPhases phases,
                              uint64_t budget, bool mixed_precision);
 
 }  // namespace hone

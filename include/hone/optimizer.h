@@ -17,7 +17,7 @@
 
 #include "hone/args.h"
 #include "hone/backend.h"
-#include "hone/bert.h"
+#include "hone/model.h"
 #include "hone/memory.h"
 
 namespace hone {

@@ -18,7 +18,7 @@
 #include "hone/args.h"
 #include "hone/config.h"
 #include "hone/backend.h"
-#include "hone/bert.h"
+#include "hone/model.h"
 #include "hone/data.h"
 #include "hone/distributed.h"
 #include "hone/memory.h"
@@ -29,7 +29,7 @@ namespace hone {
 struct TrainMetrics {
   double train_runtime = 0, train_samples_per_second = 0, train_steps_per_second = 0, train_loss = 0, epoch = 0;
   double total_flos = 0;   // Trainer's estimate, 6 x non-embedding parameters x tokens
-  double model_flops = 0;  // this process's steps, by BertForSequenceClassification::training_flops
+  double model_flops = 0;  // this process's steps, by SequenceClassifier::training_flops
   SpanSeconds spans{};     // this process's time in forward, backward, optimizer and the rest
   int64_t global_step = 0;
   nlohmann::ordered_json to_json() const;
@@ -89,14 +89,14 @@ class TrainingRun {
   // Plans the run (a dry run of setup, one micro-step and one optimizer step at the
   // largest batch and longest sequence, and one inference batch) and allocates its
   // arenas. Weights are uninitialised until init_weights() or write_weights().
-  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+  TrainingRun(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be,
               GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {}, Sharding sharding = {});
   ~TrainingRun();
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
 
   // The plan alone, allocating nothing: what `hone estimate` prints.
-  static MemoryPlan plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+  static MemoryPlan plan(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be,
                          GradientMemory grads = GradientMemory::Persistent, RunPhases phases = {},
                          Sharding sharding = {});
 
@@ -120,7 +120,7 @@ class TrainingRun {
   // memory; nothing with one rank.
   void all_reduce_host(float* host, int64_t n);
 
-  BertForSequenceClassification& model() { return *model_; }
+  SequenceClassifier& model() { return *model_; }
   Backend& backend() { return be_; }
   PlannedMemory& memory() { return *mem_; }
   float* host_weights();  // the flat weight buffer itself (CPU backend only)
@@ -177,7 +177,7 @@ class TrainingRun {
 
  private:
   struct PlanOnly {};
-  TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be, GradientMemory grads,
+  TrainingRun(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be, GradientMemory grads,
               RunPhases phases, Sharding sharding, PlanOnly);
   MemoryPlan record_plan();
   void setup(BufferSource& mem);
@@ -252,7 +252,7 @@ class TrainingRun {
   bool scoped_grads_;
   bool step_open_ = false;  // StepScoped: a micro-step awaits its optimizer step
   Backend& be_;
-  std::unique_ptr<BertForSequenceClassification> model_;
+  std::unique_ptr<SequenceClassifier> model_;
   std::unique_ptr<PlannedMemory> mem_;
   std::unique_ptr<Optimizer> optimizer_;
   Tensor loss_sum_, sumsq_, norm_coef_;
@@ -353,7 +353,7 @@ struct TrainerState {
 // What a saved model directory holds besides the weights: config.json (with the label
 // names) and, for text models, the tokenizer files.
 struct ModelFiles {
-  BertConfig config;
+  ModelConfig config;
   const WordPieceTokenizer* tokenizer = nullptr;
 };
 

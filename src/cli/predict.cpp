@@ -21,7 +21,7 @@ namespace hone::cli {
 
 int predict_command(const TrainingArguments& a) {
   RunInputs in = prepare_inputs(a, false, false, true);
-  const BertConfig& cfg = in.model.config;
+  const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> be = make_backend(a);
   TrainingRun run(a, cfg, in.seq_len, *be, GradientMemory::Persistent,
                   RunPhases{false, a.per_device_eval_batch_size});

@@ -37,7 +37,7 @@ int profile_command(const TrainingArguments& requested, const ProfileOptions& o)
   if (pg.rank != 0 && !std::freopen("/dev/null", "w", stdout)) fail("rank {}: cannot quiet stdout", pg.rank);
 
   RunInputs in = prepare_inputs(a, true, false, false);
-  const BertConfig& cfg = in.model.config;
+  const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> backend = make_backend(a, false, pg.local_rank);
   Backend& be = *backend;
   const std::unique_ptr<Communicator> comm = make_communicator(be, pg);

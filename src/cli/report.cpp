@@ -4,7 +4,7 @@
 
 namespace hone::cli {
 
-std::string describe(const BertConfig& c, int64_t params) {
+std::string describe(const ModelConfig& c, int64_t params) {
   return fmt::format("{} layers, hidden {}, {} heads, intermediate {}, {} labels ({}); {} parameters",
                      c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.intermediate_size, c.num_labels,
                      c.resolved_problem_type(), with_commas(uint64_t(params)));

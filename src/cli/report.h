@@ -11,7 +11,7 @@
 namespace hone::cli {
 
 // "24 layers, hidden 1024, ...; 335,143,938 parameters"
-std::string describe(const BertConfig& c, int64_t params);
+std::string describe(const ModelConfig& c, int64_t params);
 std::string python_dict(const nlohmann::ordered_json& j);  // {'loss': 0.6931, 'epoch': 0.5}
 std::string with_commas(uint64_t v);                        // 1,340,575,752
 // Per category: bytes, MiB, bytes per parameter; with `measured` a second column of the

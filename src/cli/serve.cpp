@@ -58,7 +58,7 @@ void answer_error(httplib::Response& res, int status, const std::string& message
 
 int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   RunInputs in = prepare_model(a);
-  const BertConfig& cfg = in.model.config;
+  const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> be = make_backend(a);
   const int max_batch = a.per_device_eval_batch_size;
   TrainingRun run(a, cfg, in.seq_len, *be, GradientMemory::Persistent, RunPhases{false, max_batch});

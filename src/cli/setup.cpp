@@ -34,20 +34,20 @@ std::string precision_name(const TrainingArguments& a) {
 namespace {
 
 // transformers writes LABEL_0, LABEL_1, ... when a model was never given label names.
-bool names_its_labels(const BertConfig& c) {
+bool names_its_labels(const ModelConfig& c) {
   for (size_t i = 0; i < c.id2label.size(); ++i)
     if (c.id2label[i] != fmt::format("LABEL_{}", i)) return true;
   return false;
 }
 
-LabelSpace labels_of(const BertConfig& c) {
+LabelSpace labels_of(const ModelConfig& c) {
   LabelSpace s;
   s.regression = c.resolved_problem_type() == "regression";
   if (!s.regression) s.names = c.id2label;
   return s;
 }
 
-void apply_labels(const LabelSpace& s, BertConfig& c) {
+void apply_labels(const LabelSpace& s, ModelConfig& c) {
   if (s.regression) {
     c.num_labels = 1;
     c.id2label = {"LABEL_0"};
@@ -81,7 +81,7 @@ RunInputs checked(RunInputs in, const TrainingArguments& a) {
 
 // The tokenizer of a text run, checked against the model, and the run's sequence length.
 void load_tokenizer(const TrainingArguments& a, RunInputs& in) {
-  const BertConfig& cfg = in.model.config;
+  const ModelConfig& cfg = in.model.config;
   const std::string tok_dir = a.tokenizer_name.empty() ? a.model_name_or_path : a.tokenizer_name;
   if (in.model.weights_path.empty() && a.tokenizer_name.empty())
     fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
@@ -104,7 +104,7 @@ RunInputs read_inputs(const TrainingArguments& a, bool read_train, bool read_eva
   RunInputs in;
   in.model = resolve_model(a.model_name_or_path);
   if (!a.config_name.empty()) in.model.config = resolve_config(a.config_name);
-  BertConfig& cfg = in.model.config;
+  ModelConfig& cfg = in.model.config;
   const bool text = !a.train_file.empty() || (read_test && !a.test_file.empty()) ||
                     (!read_train && read_eval && !a.validation_file.empty());
   if (!text) {

@@ -92,7 +92,7 @@ std::string shown(const nlohmann::ordered_json& e) {
 // On a GPU, the batch the run trains with: under --auto_find_batch_size the largest up to
 // the requested one whose plan fits the free memory; otherwise the requested one, with a
 // clear error before anything is allocated when its plan cannot fit.
-int fitted_batch(const TrainingArguments& a, const BertConfig& cfg, int seq, Backend& be, RunPhases phases, int gpu) {
+int fitted_batch(const TrainingArguments& a, const ModelConfig& cfg, int seq, Backend& be, RunPhases phases, int gpu) {
   const std::optional<GpuMemory> m = be.device() == Device::CUDA ? gpu_memory(gpu) : std::nullopt;
   if (!m) {
     if (a.auto_find_batch_size)
@@ -138,7 +138,7 @@ int train_command(const TrainingArguments& requested) {
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
   RunInputs in = prepare_inputs(a, true, evaluates, false);
   timeline.mark("inputs");
-  const BertConfig& cfg = in.model.config;
+  const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> backend = make_backend(a, false, gpu);
   Backend& be = *backend;
   timeline.mark(be.device() == Device::CUDA ? "cuda_context" : "backend");

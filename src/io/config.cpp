@@ -46,38 +46,38 @@ constexpr Range kNumLabels{1, 1 << 20};
 
 struct IntField {
   const char* key;
-  int BertConfig::*member;
+  int ModelConfig::*member;
   Range range;
 };
 const IntField kIntFields[] = {
-    {"vocab_size", &BertConfig::vocab_size, kAtLeastOne},
-    {"hidden_size", &BertConfig::hidden_size, kAtLeastOne},
+    {"vocab_size", &ModelConfig::vocab_size, kAtLeastOne},
+    {"hidden_size", &ModelConfig::hidden_size, kAtLeastOne},
     // hone's model needs a layer: without one its buffer plan fails.
-    {"num_hidden_layers", &BertConfig::num_hidden_layers, {1, kMaxLayers}},
-    {"num_attention_heads", &BertConfig::num_attention_heads, kAtLeastOne},
-    {"intermediate_size", &BertConfig::intermediate_size, kAtLeastOne},
-    {"max_position_embeddings", &BertConfig::max_position_embeddings, kAtLeastOne},
-    {"type_vocab_size", &BertConfig::type_vocab_size, kAtLeastOne},
-    {"pad_token_id", &BertConfig::pad_token_id, kNonNegative},  // and below vocab_size
+    {"num_hidden_layers", &ModelConfig::num_hidden_layers, {1, kMaxLayers}},
+    {"num_attention_heads", &ModelConfig::num_attention_heads, kAtLeastOne},
+    {"intermediate_size", &ModelConfig::intermediate_size, kAtLeastOne},
+    {"max_position_embeddings", &ModelConfig::max_position_embeddings, kAtLeastOne},
+    {"type_vocab_size", &ModelConfig::type_vocab_size, kAtLeastOne},
+    {"pad_token_id", &ModelConfig::pad_token_id, kNonNegative},  // and below vocab_size
 };
 struct FloatField {
   const char* key;
-  float BertConfig::*member;
+  float ModelConfig::*member;
   Range range;
 };
 const FloatField kFloatFields[] = {
-    {"hidden_dropout_prob", &BertConfig::hidden_dropout_prob, kProbability},
-    {"attention_probs_dropout_prob", &BertConfig::attention_probs_dropout_prob, kProbability},
-    {"initializer_range", &BertConfig::initializer_range, kNonNegative},
-    {"layer_norm_eps", &BertConfig::layer_norm_eps, kPositive},
+    {"hidden_dropout_prob", &ModelConfig::hidden_dropout_prob, kProbability},
+    {"attention_probs_dropout_prob", &ModelConfig::attention_probs_dropout_prob, kProbability},
+    {"initializer_range", &ModelConfig::initializer_range, kNonNegative},
+    {"layer_norm_eps", &ModelConfig::layer_norm_eps, kPositive},
 };
 struct StringField {
   const char* key;
-  std::string BertConfig::*member;
+  std::string ModelConfig::*member;
 };
 const StringField kStringFields[] = {
-    {"hidden_act", &BertConfig::hidden_act},
-    {"position_embedding_type", &BertConfig::position_embedding_type},
+    {"hidden_act", &ModelConfig::hidden_act},
+    {"position_embedding_type", &ModelConfig::position_embedding_type},
 };
 // Fields to_json always writes itself, so a loaded value is not carried in `extra`:
 // hone saves a sequence classifier in float32 whatever the source checkpoint was.
@@ -176,9 +176,9 @@ void check_label2id(const json& v, std::vector<std::string>& id2label, bool have
 
 }  // namespace
 
-BertConfig BertConfig::from_json(const json& j, const std::string& source) {
+ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (!j.is_object()) fail("{}: a config must be a JSON object, got {}", source, j.type_name());
-  BertConfig c;
+  ModelConfig c;
   const json* id2label = nullptr;
   const json* label2id = nullptr;
   bool have_num_labels = false;
@@ -222,7 +222,7 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
   return c;
 }
 
-BertConfig BertConfig::load(const std::string& path) {
+ModelConfig ModelConfig::load(const std::string& path) {
   if (std::filesystem::is_directory(path)) fail("cannot read config.json at {}: it is a directory", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read config.json at {}: {}", path, std::strerror(errno));
@@ -238,7 +238,7 @@ BertConfig BertConfig::load(const std::string& path) {
   return from_json(j, path);
 }
 
-json BertConfig::to_json() const {
+json ModelConfig::to_json() const {
   json j = extra;  // the fields below take precedence over anything carried along
   j["architectures"] = json::array({"BertForSequenceClassification"});
   j["model_type"] = "bert";
@@ -259,12 +259,12 @@ json BertConfig::to_json() const {
   return j;
 }
 
-void BertConfig::save(const std::string& path) const {
+void ModelConfig::save(const std::string& path) const {
   // As transformers writes it: sorted keys (nlohmann::json keeps objects sorted), indent 2.
   write_file_atomic(path, to_json().dump(2) + "\n");
 }
 
-void BertConfig::validate(const std::string& source) const {
+void ModelConfig::validate(const std::string& source) const {
   // Another architecture's config.json reads as a BERT's with defaults; its weights would not.
   if (extra.contains("model_type") && extra.at("model_type") != "bert")
     fail("{}: model_type {} is not one hone implements (hone has: \"bert\")", source, extra.at("model_type").dump());
@@ -301,14 +301,14 @@ void BertConfig::validate(const std::string& source) const {
     fail("{}: problem_type '{}' is not one of regression, single_label_classification", source, problem_type);
 }
 
-Activation BertConfig::activation() const {
+Activation ModelConfig::activation() const {
   if (hidden_act == "gelu") return Activation::Gelu;
   if (hidden_act == "gelu_new" || hidden_act == "gelu_pytorch_tanh") return Activation::GeluTanh;
   if (hidden_act == "relu") return Activation::Relu;
   fail("hidden_act '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", hidden_act);
 }
 
-std::string BertConfig::resolved_problem_type() const {
+std::string ModelConfig::resolved_problem_type() const {
   if (!problem_type.empty()) return problem_type;
   return num_labels == 1 ? "regression" : "single_label_classification";
 }
@@ -344,12 +344,12 @@ const std::pair<const char*, const char*> kAliases[] = {
 
 }  // namespace
 
-std::optional<BertConfig> builtin_config(std::string_view name) {
+std::optional<ModelConfig> builtin_config(std::string_view name) {
   for (const auto& [alias, canonical] : kAliases)
     if (name == alias) name = canonical;
   for (const Builtin& b : kBuiltins) {
     if (name != b.name) continue;
-    BertConfig c;  // the remaining fields keep transformers' defaults
+    ModelConfig c;  // the remaining fields keep transformers' defaults
     c.num_hidden_layers = b.layers;
     c.hidden_size = b.hidden;
     c.num_attention_heads = b.heads;

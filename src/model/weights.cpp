@@ -19,7 +19,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 // Streams for weight init are disjoint from dropout's (step << 12 | site) by the top bit.
 constexpr uint64_t kInitStream = uint64_t(1) << 63;
 
-void init_entry(const BertConfig& c, const ParamEntry& e, size_t index, float* w, uint64_t seed) {
+void init_entry(const ModelConfig& c, const ParamEntry& e, size_t index, float* w, uint64_t seed) {
   const int64_t n = e.shape.numel();
   float* p = w + e.offset;
   const ParamInit init = param_init(c, e, index);
@@ -93,7 +93,7 @@ bool same_shape(const SafetensorsEntry& t, const ParamEntry& e) {
 
 }  // namespace
 
-ParamInit param_init(const BertConfig& c, const ParamEntry& e, size_t index) {
+ParamInit param_init(const ModelConfig& c, const ParamEntry& e, size_t index) {
   ParamInit init;
   if (e.name.find("LayerNorm") != std::string::npos) {
     init.value = ends_with(e.name, ".weight") ? 1.0f : 0.0f;
@@ -110,7 +110,7 @@ ParamInit param_init(const BertConfig& c, const ParamEntry& e, size_t index) {
   return init;
 }
 
-void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights, uint64_t seed,
+void init_weights(const ModelConfig& c, const ParamLayout& layout, float* weights, uint64_t seed,
                   const std::vector<std::string>& only) {
   const auto& entries = layout.entries();
   for (size_t i = 0; i < entries.size(); ++i)
@@ -118,7 +118,7 @@ void init_weights(const BertConfig& c, const ParamLayout& layout, float* weights
       init_entry(c, entries[i], i, weights, seed);
 }
 
-LoadReport load_weights(const std::string& path, const BertConfig& c, const ParamLayout& layout, float* weights,
+LoadReport load_weights(const std::string& path, const ModelConfig& c, const ParamLayout& layout, float* weights,
                         uint64_t seed, bool ignore_mismatched_sizes) {
   SafetensorsFile file(path);
   LoadReport report;
@@ -158,7 +158,7 @@ LoadReport load_weights(const std::string& path, const BertConfig& c, const Para
   return report;
 }
 
-void check_weights_fit(const std::string& path, const BertConfig& c, bool ignore_mismatched_sizes) {
+void check_weights_fit(const std::string& path, const ModelConfig& c, bool ignore_mismatched_sizes) {
   // As load_weights matches tensors to parameters, on the header alone.
   const SafetensorsFile file(path);
   const ParamLayout layout(c);
@@ -193,10 +193,10 @@ std::string builtin_names() {
 
 }  // namespace
 
-BertConfig resolve_config(const std::string& name_or_path) {
+ModelConfig resolve_config(const std::string& name_or_path) {
   namespace fs = std::filesystem;
-  if (fs::is_directory(name_or_path)) return BertConfig::load((fs::path(name_or_path) / "config.json").string());
-  if (fs::is_regular_file(name_or_path)) return BertConfig::load(name_or_path);
+  if (fs::is_directory(name_or_path)) return ModelConfig::load((fs::path(name_or_path) / "config.json").string());
+  if (fs::is_regular_file(name_or_path)) return ModelConfig::load(name_or_path);
   if (auto c = builtin_config(name_or_path)) return *c;
   fail("--config_name {}: no such file or directory, and not a built-in configuration ({})", name_or_path,
        builtin_names());
@@ -207,7 +207,7 @@ ModelSource resolve_model(const std::string& name_or_path) {
   ModelSource m;
   m.name = name_or_path;
   if (fs::is_directory(name_or_path)) {
-    m.config = BertConfig::load((fs::path(name_or_path) / "config.json").string());
+    m.config = ModelConfig::load((fs::path(name_or_path) / "config.json").string());
     fs::path weights = fs::path(name_or_path) / "model.safetensors";
     if (!fs::exists(weights)) {
       std::string hint = fs::exists(fs::path(name_or_path) / "pytorch_model.bin")
@@ -227,13 +227,13 @@ ModelSource resolve_model(const std::string& name_or_path) {
        builtin_names());
 }
 
-void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout, const float* weights) {
+void save_pretrained(const std::string& dir, const ModelConfig& c, const ParamLayout& layout, const float* weights) {
   save_pretrained(dir, c, layout, [&](const ByteWriter& write) {
     for (const auto& e : layout.entries()) write(weights + e.offset, size_t(e.shape.numel()) * sizeof(float));
   });
 }
 
-void save_pretrained(const std::string& dir, const BertConfig& c, const ParamLayout& layout,
+void save_pretrained(const std::string& dir, const ModelConfig& c, const ParamLayout& layout,
                      const std::function<void(const ByteWriter&)>& write_parameters) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -1,5 +1,5 @@
 // Losses of the classification heads: cross entropy (single-label classification) and
-// mean squared error (regression), as BertForSequenceClassification computes them.
+// mean squared error (regression), as SequenceClassifier computes them.
 #include <algorithm>
 #include <cmath>
 

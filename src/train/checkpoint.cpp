@@ -325,8 +325,8 @@ void save_optimizer_share(const std::string& dir, TrainingRun& run) {
 TrainerState load_checkpoint(const std::string& dir, TrainingRun& run) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) fail("--resume_from_checkpoint {}: no such directory", dir);
-  const BertConfig saved = BertConfig::load((d / "config.json").string());
-  const BertConfig& mine = run.model().config();
+  const ModelConfig saved = ModelConfig::load((d / "config.json").string());
+  const ModelConfig& mine = run.model().config();
   if (ParamLayout(saved).count() != run.model().layout().count() || saved.num_labels != mine.num_labels ||
       saved.hidden_size != mine.hidden_size || saved.num_hidden_layers != mine.num_hidden_layers)
     fail("{}: the checkpoint is of a different model ({} layers, hidden {}, {} labels) than this run's ({} layers, "

@@ -14,7 +14,7 @@
 namespace hone {
 namespace {
 
-uint64_t planned_bytes(const TrainingArguments& a, const BertConfig& c, int seq, Backend& be, RunPhases phases) {
+uint64_t planned_bytes(const TrainingArguments& a, const ModelConfig& c, int seq, Backend& be, RunPhases phases) {
   return TrainingRun::plan(a, c, seq, be, gradient_memory_for(a), phases).total_bytes();
 }
 
@@ -42,8 +42,8 @@ double optimizer_bytes_per_param(const std::string& optim) {
   return 20;
 }
 
-double seconds_per_sample(const TrainingArguments& a, const BertConfig& c, int seq) {
-  const BertForSequenceClassification model(c);
+double seconds_per_sample(const TrainingArguments& a, const ModelConfig& c, int seq) {
+  const SequenceClassifier model(c);
   const int b = a.per_device_train_batch_size;
   const double rate = kFp32FlopRate * (a.bf16 || a.fp16 ? kHalfSpeedup : a.tf32 ? kTf32Speedup : 1.0);
   const double step = model.training_flops(b, seq) * recompute_factor(a) / (rate * b / (b + 2.0));
@@ -78,7 +78,7 @@ uint64_t parse_memory_size(const std::string& text) {
        text);
 }
 
-int largest_fitting_batch(const TrainingArguments& a, const BertConfig& c, int seq, Backend& be, RunPhases phases,
+int largest_fitting_batch(const TrainingArguments& a, const ModelConfig& c, int seq, Backend& be, RunPhases phases,
                           uint64_t budget, uint64_t* bytes) {
   // A plan grows with the batch, so the largest that fits is found by bisection.
   TrainingArguments t = a;
@@ -116,7 +116,7 @@ std::string FitCandidate::methods() const {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-std::vector<FitCandidate> fitting_configurations(const TrainingArguments& a, const BertConfig& c, int seq,
+std::vector<FitCandidate> fitting_configurations(const TrainingArguments& a, const ModelConfig& c, int seq,
                                                  Backend& be, RunPhases phases, uint64_t budget,
                                                  bool mixed_precision) {
   const int per_update = a.per_device_train_batch_size * a.gradient_accumulation_steps;
@@ -155,7 +155,7 @@ std::vector<FitCandidate> fitting_configurations(const TrainingArguments& a, con
   return out;
 }
 
-std::string methods_that_fit(const TrainingArguments& a, const BertConfig& c, int seq, Backend& be, RunPhases phases,
+std::string methods_that_fit(const TrainingArguments& a, const ModelConfig& c, int seq, Backend& be, RunPhases phases,
                              uint64_t budget, bool mixed_precision) {
   const std::vector<FitCandidate> fits = fitting_configurations(a, c, seq, be, phases, budget, mixed_precision);
   if (fits.empty())

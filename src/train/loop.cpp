@@ -23,7 +23,7 @@ void check_finite(double loss, int64_t step) {
 
 // Model FLOPs as Trainer estimates them: 6 x non-embedding parameters x tokens.
 double flos(TrainingRun& run, int64_t tokens) {
-  const BertConfig& c = run.model().config();
+  const ModelConfig& c = run.model().config();
   const double non_embedding = double(run.model().layout().count()) -
                                double(c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * c.hidden_size;
   return 6.0 * non_embedding * double(tokens);

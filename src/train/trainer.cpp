@@ -77,14 +77,14 @@ std::vector<int> shard_bounds(const ParamLayout& layout, int world) {
   return bounds;
 }
 
-TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be,
                          GradientMemory grads, RunPhases phases, Sharding sharding, PlanOnly)
     : args_(a),
       seq_(seq_len),
       phases_(phases),
       scoped_grads_(grads == GradientMemory::StepScoped),
       be_(be),
-      model_(std::make_unique<BertForSequenceClassification>(c)),
+      model_(std::make_unique<SequenceClassifier>(c)),
       optimizer_(make_optimizer(a)),
       own_comm_(make_single_communicator()),
       comm_(own_comm_.get()),
@@ -112,7 +112,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int se
   }
 }
 
-TrainingRun::TrainingRun(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be,
                          GradientMemory grads, RunPhases phases, Sharding sharding)
     : TrainingRun(a, c, seq_len, be, grads, phases, sharding, PlanOnly{}) {
   mem_ = std::make_unique<PlannedMemory>(record_plan(), be);
@@ -156,7 +156,7 @@ TrainingRun::~TrainingRun() {
   if (host_staging_) be_.deallocate_host(host_staging_);
 }
 
-MemoryPlan TrainingRun::plan(const TrainingArguments& a, const BertConfig& c, int seq_len, Backend& be,
+MemoryPlan TrainingRun::plan(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be,
                              GradientMemory grads, RunPhases phases, Sharding sharding) {
   return TrainingRun(a, c, seq_len, be, grads, phases, sharding, PlanOnly{}).record_plan();
 }
@@ -195,11 +195,11 @@ void TrainingRun::setup(BufferSource& mem) {
   // A run that only infers keeps no master weights: its half-precision copy is the model.
   // Without training no gradient is ever taken; accumulated ones persist (under ZeRO stage
   // 2 only this rank's groups': the others' go to their owners each micro-step).
-  BertForSequenceClassification::GroupRange persistent;
+  SequenceClassifier::GroupRange persistent;
   if (phases_.train && !scoped_grads_)
-    persistent = shards_grads() ? BertForSequenceClassification::GroupRange{bounds_[size_t(sharding_.rank)],
+    persistent = shards_grads() ? SequenceClassifier::GroupRange{bounds_[size_t(sharding_.rank)],
                                                                             bounds_[size_t(sharding_.rank) + 1]}
-                                : BertForSequenceClassification::GroupRange{0, model_->num_groups()};
+                                : SequenceClassifier::GroupRange{0, model_->num_groups()};
   model_->bind_parameters(mem, persistent, compute_dtype(args_),
                           offload_ ? Category::HostMasterWeights : Category::MasterWeights,
                           phases_.train && !master_sharded_);
@@ -274,7 +274,7 @@ Tensor host_tensor(const void* p, DType t, Shape s) { return Tensor{const_cast<v
 // Checked on the host, before any backend sees the batch: kernels then trust their indices.
 void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
                                  int batch, int seq) const {
-  const BertConfig& c = model_->config();
+  const ModelConfig& c = model_->config();
   // cuDNN's fused attention takes each row's length, not its mask.
   const bool right_padding_only = be_.attention_needs_right_padding(model_->compute_weights().dtype);
   for (int b = 0; b < batch; ++b) {

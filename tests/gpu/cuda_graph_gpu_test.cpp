@@ -42,7 +42,7 @@ TEST_P(CudaGraphs, ReplayedStepsFollowTheEagerRun) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (dtype != DType::F32 && !mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
   auto be = make_cuda_backend({});
-  BertConfig c = small_bert(0.2);
+  ModelConfig c = small_bert(0.2);
   // The accumulating runs use the tanh GELU, so that recordings also hold the feed-forward
   // products with their GELU epilogues.
   if (accumulation > 1) c.hidden_act = "gelu_pytorch_tanh";
@@ -141,7 +141,7 @@ TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
   std::string why;
   if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
   auto be = make_cuda_backend({});
-  const BertConfig c = small_bert(0.2);
+  const ModelConfig c = small_bert(0.2);
   TrainingArguments a;
   a.per_device_train_batch_size = 4;
   a.bf16 = true;
@@ -181,7 +181,7 @@ TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
 TEST(CudaGraphInference, ReplaysGiveTheEagerLogits) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
-  const BertConfig c = small_bert();
+  const ModelConfig c = small_bert();
   const ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 31);

@@ -217,7 +217,7 @@ TEST(CudnnAttention, RunRefusesMasksNotPaddedAtTheEnd) {
   TrainingArguments a;
   a.per_device_train_batch_size = 2;
   a.bf16 = true;
-  const BertConfig c = test::small_bert();
+  const ModelConfig c = test::small_bert();
   std::vector<int32_t> ids(16, 5), mask(16, 1), types(16, 0);
   std::vector<float> labels{0, 1};
   mask[8] = 0;  // row 1 starts with padding

@@ -45,8 +45,8 @@ TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenGpuTest, ::testing::Values("bert_cls", "bert_reg"));
 
-BertConfig dropout_config() {
-  BertConfig c = *builtin_config("bert-tiny");
+ModelConfig dropout_config() {
+  ModelConfig c = *builtin_config("bert-tiny");
   c.hidden_size = 64;
   c.intermediate_size = 96;
   c.max_position_embeddings = 64;
@@ -61,7 +61,7 @@ TEST(GpuParity, DropoutTrainingMatchesCpu) {
   SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   CpuBackend cpu;
-  const BertConfig c = dropout_config();
+  const ModelConfig c = dropout_config();
   TrainingArguments a;
   a.per_device_train_batch_size = 4;
   a.learning_rate = 1e-3;
@@ -95,7 +95,7 @@ TEST(GpuParity, CheckpointFromGpuGivesSameLogitsOnCpu) {
   SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   CpuBackend cpu;
-  BertConfig c = dropout_config();
+  ModelConfig c = dropout_config();
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
   TrainingArguments a;
   a.per_device_train_batch_size = 2;
@@ -127,7 +127,7 @@ TEST(GpuParity, CheckpointFromGpuGivesSameLogitsOnCpu) {
 // fixed batch, for the memory and timing tests.
 struct GpuSteps {
   std::unique_ptr<Backend> cuda = make_cuda_backend({});
-  BertConfig c = dropout_config();
+  ModelConfig c = dropout_config();
   TrainingArguments a = batch_of(4);
   TrainingRun run{a, c, 32, *cuda, GradientMemory::StepScoped};
   std::vector<int32_t> ids = std::vector<int32_t>(128, 2000), mask = std::vector<int32_t>(128, 1),
@@ -192,7 +192,7 @@ TEST(GpuParity, ShortPaddedBatchesMatchCpuInTrainingAndInference) {
   SKIP_WITHOUT_GPU();
   auto cuda = make_cuda_backend({});
   CpuBackend cpu;
-  BertConfig c = dropout_config();
+  ModelConfig c = dropout_config();
   TrainingArguments a;
   a.per_device_train_batch_size = 3;
   TrainingRun on_gpu(a, c, 48, *cuda, GradientMemory::StepScoped, RunPhases{true, 5});

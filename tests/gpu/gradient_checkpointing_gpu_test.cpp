@@ -75,7 +75,7 @@ TEST_P(GradientCheckpointingGpu, EachUpdateEqualsThePlainRun) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (dtype != DType::F32 && !mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
   auto be = make_cuda_backend({});
-  BertConfig c = small_bert(0.1);
+  ModelConfig c = small_bert(0.1);
   c.num_hidden_layers = 3;  // a middle layer: selective recomputes its input from the layer below
   const ParamLayout layout(c);
   const size_t n = size_t(layout.count());

@@ -20,7 +20,7 @@ TEST(CudaInit, DrawsTheHostsWeights) {
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   for (bool bf16 : {false, true}) {
     auto be = make_cuda_backend({});
-    BertConfig c = *builtin_config("bert-mini");
+    ModelConfig c = *builtin_config("bert-mini");
     c.pad_token_id = 5;
     TrainingArguments a;
     a.per_device_train_batch_size = 2;
@@ -52,7 +52,7 @@ TEST(CudaInit, StreamedSaveFromTheDeviceEqualsTheHostSave) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   auto be = make_cuda_backend({});
-  const BertConfig c = *builtin_config("bert-mini");
+  const ModelConfig c = *builtin_config("bert-mini");
   TrainingArguments a;
   a.per_device_train_batch_size = 2;
   TrainingRun run(a, c, 32, *be);

@@ -98,7 +98,7 @@ TEST(MixedPrecision, MatchesFp32OnPaddedBatch) {
   auto be = make_cuda_backend({});
   // The erf GELU runs unfused; the tanh GELU in the feed-forward products' epilogues.
   for (const char* act : {"gelu", "gelu_pytorch_tanh"}) {
-    BertConfig c = small_bert();
+    ModelConfig c = small_bert();
     c.hidden_act = act;
     TrainingArguments a;
     a.per_device_train_batch_size = 4;
@@ -141,7 +141,7 @@ TEST(MixedPrecision, MatchesFp32OnPaddedBatch) {
 // An fp16 run of the small model, its weights written, for the loss scaler's tests.
 struct Fp16Run {
   std::unique_ptr<Backend> be = make_cuda_backend({});
-  BertConfig config = small_bert();
+  ModelConfig config = small_bert();
   TrainingArguments args = [] {
     TrainingArguments a;
     a.per_device_train_batch_size = 4;
@@ -163,7 +163,7 @@ TEST(MixedPrecision, Fp16LossScalerSkipsOverflowAndBacksOff) {
   SKIP_WITHOUT_MIXED_PRECISION();
   Fp16Run f;
   TrainingRun& run = *f.run;
-  const BertConfig& c = f.config;
+  const ModelConfig& c = f.config;
   const std::vector<float>& w = f.weights;
   std::mt19937 g(1);
   const TaskBatch b = task_batch(g, 4, 32, c.vocab_size);
@@ -207,7 +207,7 @@ TEST(MixedPrecision, Fp16CheckpointKeepsTheLossScaler) {
   SKIP_WITHOUT_MIXED_PRECISION();
   Fp16Run f;
   TrainingRun& run = *f.run;
-  const BertConfig& c = f.config;
+  const ModelConfig& c = f.config;
   run.set_scaler_state({1024.0, 7, 3});
   test::TempDir tmp;
   const std::string dir = tmp.path + "/checkpoint-5";
@@ -230,7 +230,7 @@ TEST(MixedPrecision, Fp16CheckpointKeepsTheLossScaler) {
 TEST(MixedPrecision, Bf16LossCurveFollowsFp32) {
   SKIP_WITHOUT_MIXED_PRECISION();
   auto be = make_cuda_backend({});
-  const BertConfig c = small_bert();
+  const ModelConfig c = small_bert();
   TrainingArguments a;
   a.per_device_train_batch_size = 16;
   a.learning_rate = 1e-3;
@@ -272,7 +272,7 @@ TEST(MixedPrecision, Bf16LossCurveFollowsFp32) {
 TEST(MixedPrecision, PlanSeparatesMasterWeightsAndIsAllocatedExactly) {
   SKIP_WITHOUT_MIXED_PRECISION();
   auto be = make_cuda_backend({});
-  const BertConfig c = small_bert();
+  const ModelConfig c = small_bert();
   TrainingArguments a;
   a.per_device_train_batch_size = 4;
   a.bf16 = true;
@@ -293,7 +293,7 @@ TEST(MixedPrecision, PlanSeparatesMasterWeightsAndIsAllocatedExactly) {
 TEST(MixedPrecision, InferenceOnlyKeepsHalfWeightsAndTheSameLogits) {
   SKIP_WITHOUT_MIXED_PRECISION();
   auto be = make_cuda_backend({});
-  const BertConfig c = small_bert();
+  const ModelConfig c = small_bert();
   std::vector<float> w0(size_t(ParamLayout(c).count()));
   init_weights(c, ParamLayout(c), w0.data(), 13);
   std::mt19937 g(3);

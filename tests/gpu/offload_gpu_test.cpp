@@ -26,7 +26,7 @@ TEST(OffloadGpu, EqualsTheUpdateOnTheGpu) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   auto be = make_cuda_backend({});
-  const BertConfig c = test::small_bert();
+  const ModelConfig c = test::small_bert();
   const ParamLayout layout(c);
   std::vector<float> w0(size_t(layout.count()));
   init_weights(c, layout, w0.data(), 11);
@@ -98,7 +98,7 @@ TEST(OffloadGpu, DeviceHoldsNoMasterWeightsOrOptimizerState) {
   a.per_device_train_batch_size = 4;
   a.bf16 = true;
   a.offload_optimizer = true;
-  const BertConfig c = test::small_bert();
+  const ModelConfig c = test::small_bert();
   TrainingRun run(a, c, 64, *be, gradient_memory_for(a));
   for (Category k : {Category::MasterWeights, Category::OptimizerState})
     EXPECT_EQ(run.memory().arena_bytes(k), 0u) << category_name(k);

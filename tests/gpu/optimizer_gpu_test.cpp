@@ -93,7 +93,7 @@ TEST_P(OptimizerGpuRun, ReplaysFollowEagerStepsAndTheHalfCopyFollowsTheMasterWei
   std::string why;
   if (!cuda_available(&why) || !mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision GPU: " << why;
   auto be = make_cuda_backend({});
-  const BertConfig c = test::small_bert();
+  const ModelConfig c = test::small_bert();
   const ParamLayout layout(c);
   std::vector<float> w(size_t(layout.count()));
   init_weights(c, layout, w.data(), 17);

@@ -33,7 +33,7 @@ TEST_P(PackedInference, GivesThePaddedOutputs) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
   if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
-  BertConfig c = test::small_bert();
+  ModelConfig c = test::small_bert();
   c.num_attention_heads = heads;  // head size 128 / heads
   c.max_position_embeddings = 256;
   const ParamLayout layout(c);

@@ -9,8 +9,8 @@
 namespace hone::test {
 
 // A model with BERT's head size (64), the shape the fused attention is built for.
-inline BertConfig small_bert(double dropout = 0) {
-  BertConfig c = *builtin_config("bert-tiny");
+inline ModelConfig small_bert(double dropout = 0) {
+  ModelConfig c = *builtin_config("bert-tiny");
   c.vocab_size = 512;
   c.hidden_size = 128;
   c.num_attention_heads = 2;

@@ -20,8 +20,8 @@
 namespace hone {
 namespace {
 
-BertConfig tiny() {
-  BertConfig c;
+ModelConfig tiny() {
+  ModelConfig c;
   c.vocab_size = 30522;
   c.hidden_size = 24;
   c.num_hidden_layers = 2;
@@ -51,7 +51,7 @@ struct Trained {
 
 Trained train_with(const TrainingArguments& a, Communicator* comm) {
   CpuBackend be;
-  const BertConfig c = tiny();
+  const ModelConfig c = tiny();
   TrainingRun run(a, c, 16, be, gradient_memory_for(a), {},
                   comm ? sharding_for(a, comm->group()) : Sharding{});
   if (comm) run.distribute(*comm);
@@ -148,7 +148,7 @@ TEST_F(DataParallel, ZeroStage2EqualsOneProcess) {
 // scoped gradients already reuse the activations' memory).
 TEST_F(DataParallel, ZeroShrinksEachRanksPlan) {
   CpuBackend be;
-  BertConfig c = tiny();
+  ModelConfig c = tiny();
   c.vocab_size = 200;  // embeddings about a layer's size, so that the shards balance
   TrainingArguments a = args(8, 1);
   auto plan = [&](int stage) {
@@ -190,7 +190,7 @@ TEST_F(DataParallel, ZeroShrinksEachRanksPlan) {
 // share; weights drawn, written and saved by two ranks are those of one process, bit for bit.
 TEST_F(DataParallel, ZeroShardsMasterWeightsUnderMixedPrecision) {
   CpuBackend be;
-  BertConfig c = tiny();
+  ModelConfig c = tiny();
   c.vocab_size = 200;  // embeddings about a layer's size, so that the shards balance
   TrainingArguments a = args(8, 1);
   a.bf16 = true;
@@ -298,7 +298,7 @@ TEST_F(DataParallel, ZeroCheckpointsResumeOnAnyNumberOfRanksAndStages) {
 // logits of one process (with both ranks evaluating everything, the sum would double them).
 TEST_F(DataParallel, EvaluationIsSharedOutAndGathered) {
   CpuBackend be;
-  const BertConfig c = tiny();
+  const ModelConfig c = tiny();
   TrainingArguments a = args(8, 1);
   a.per_device_eval_batch_size = 4;
   std::unique_ptr<Dataset> data = open_dataset("synthetic:30x16", a.seed, false);  // 8 batches, the last of 2
@@ -319,7 +319,7 @@ TEST_F(DataParallel, EvaluationIsSharedOutAndGathered) {
 
 TEST_F(DataParallel, AllRanksStopTogetherWhenOneIsAsked) {
   CpuBackend be;
-  const BertConfig c = tiny();
+  const ModelConfig c = tiny();
   const TrainingArguments a = args(4, 1);
   TrainingRun run(a, c, 16, be, gradient_memory_for(a), {}, sharding_for(a, comm_->group()));
   run.distribute(*comm_);

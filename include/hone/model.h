@@ -1,5 +1,5 @@
 #pragma once
-// BertForSequenceClassification as transformers defines it, written as calls to ops.
+// SequenceClassifier as transformers defines it, written as calls to ops.
 // All parameters live in one flat buffer (and so do the optimizer moments), in groups:
 // the embeddings, each encoder layer, the pooler and classifier. Within a group the
 // weight-decayed parameters come first, so AdamW runs as two calls per group over
@@ -35,7 +35,7 @@ struct ParamGroup {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const BertConfig& c);
+  explicit ParamLayout(const ModelConfig& c);
   const std::vector<ParamEntry>& entries() const { return entries_; }  // transformers' order
   const ParamEntry* find(const std::string& name) const;
   const ParamEntry& at(const std::string& name) const;
@@ -103,10 +103,10 @@ struct ForwardOutputs {
   const Tensor* logits_copy = nullptr;
 };
 
-class BertForSequenceClassification {
+class SequenceClassifier {
  public:
-  explicit BertForSequenceClassification(const BertConfig& c);
-  const BertConfig& config() const { return cfg_; }
+  explicit SequenceClassifier(const ModelConfig& c);
+  const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   bool regression() const { return regression_; }
 
@@ -248,7 +248,7 @@ class BertForSequenceClassification {
   // Layer l's dropout sites: k = 0 attention probabilities, 1 attention output, 2 FFN output.
   DropoutSpec layer_dropout(const DropoutState& d, int l, int k) const;
 
-  BertConfig cfg_;
+  ModelConfig cfg_;
   bool regression_;  // cached: resolved_problem_type() builds a string
   ParamLayout layout_;
   const ParamEntry *word_, *pos_, *type_;

@@ -1,4 +1,4 @@
-#include "hone/bert.h"
+#include "hone/model.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -9,7 +9,7 @@ namespace hone {
 
 // ---------------------------------------------------------------- layout
 
-ParamLayout::ParamLayout(const BertConfig& c) {
+ParamLayout::ParamLayout(const ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   int group = 0;
   auto add = [&](std::string name, Shape s, bool decay) { entries_.push_back({std::move(name), s, 0, decay, group}); };
@@ -71,7 +71,7 @@ const ParamEntry& ParamLayout::at(const std::string& name) const {
 
 // ---------------------------------------------------------------- model
 
-BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c)
+SequenceClassifier::SequenceClassifier(const ModelConfig& c)
     : cfg_(c), regression_(c.resolved_problem_type() == "regression"), layout_(c) {
   HONE_CHECK(3 * c.num_hidden_layers + 2 < (1 << kDropoutSiteBits), "too many layers for the dropout stream layout");
   auto e = [&](const std::string& n) { return &layout_.at(n); };
@@ -101,7 +101,7 @@ BertForSequenceClassification::BertForSequenceClassification(const BertConfig& c
   saved_.resize(c.num_hidden_layers);
 }
 
-void BertForSequenceClassification::bind_parameters(BufferSource& mem, GroupRange persistent_grads, DType compute,
+void SequenceClassifier::bind_parameters(BufferSource& mem, GroupRange persistent_grads, DType compute,
                                                    Category master, bool keep_master) {
   compute_ = compute;
   if (mixed()) {
@@ -128,7 +128,7 @@ void BertForSequenceClassification::bind_parameters(BufferSource& mem, GroupRang
   }
 }
 
-void BertForSequenceClassification::take_grads(Backend& be, BufferSource& mem, int k) {
+void SequenceClassifier::take_grads(Backend& be, BufferSource& mem, int k) {
   if (persistent_grads_.contains(k)) return;
   Tensor& t = group_grads_[size_t(k)];
   t = mem.take(Category::Gradients, "group_grads", k, DType::F32, {layout_.groups()[size_t(k)].size()});
@@ -155,12 +155,12 @@ ParamLayout ParamLayout::shard(int first, int end) const {
   return s;
 }
 
-void BertForSequenceClassification::release_grads(BufferSource& mem) {
+void SequenceClassifier::release_grads(BufferSource& mem) {
   for (int k = 0; k < num_groups(); ++k)
     if (!persistent_grads_.contains(k) && group_grads_[size_t(k)].data) mem.release(group_grads_[size_t(k)]);
 }
 
-Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, Shape s) {
+Tensor SequenceClassifier::slice(const Tensor& flat, int64_t offset, Shape s) {
   HONE_CHECK(offset >= 0 && offset + s.numel() <= flat.numel(), "slice {} at {} of {}", s.str(), offset,
              flat.shape.str());
   Tensor t = flat;
@@ -169,7 +169,7 @@ Tensor BertForSequenceClassification::slice(const Tensor& flat, int64_t offset, 
   return t;
 }
 
-double BertForSequenceClassification::training_flops(int batch, int seq) const {
+double SequenceClassifier::training_flops(int batch, int seq) const {
   const double H = cfg_.hidden_size, I = cfg_.intermediate_size, L = cfg_.num_hidden_layers, S = seq;
   const double tokens = double(batch) * seq;
   const double per_token = L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H);
@@ -177,18 +177,18 @@ double BertForSequenceClassification::training_flops(int batch, int seq) const {
   return 3 * (tokens * per_token + batch * per_sequence);
 }
 
-DropoutSpec BertForSequenceClassification::dropout(const DropoutState& d, float p, int site) const {
+DropoutSpec SequenceClassifier::dropout(const DropoutState& d, float p, int site) const {
   if (!d.training) return {0.0f, d.seed, 0, nullptr};
   HONE_CHECK(d.step_counter, "training dropout without a step counter would repeat its masks every step");
   return {p, d.seed, uint64_t(site), d.step_counter};
 }
 
 // Dropout call sites: 0 embeddings, 1 + 3l + k for layer l, 3L + 1 classifier.
-DropoutSpec BertForSequenceClassification::layer_dropout(const DropoutState& d, int l, int k) const {
+DropoutSpec SequenceClassifier::layer_dropout(const DropoutState& d, int l, int k) const {
   return dropout(d, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
 }
 
-BertForSequenceClassification::Pass BertForSequenceClassification::pass(const BatchTensors& batch,
+SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch,
                                                                          const DropoutState& drop) const {
   return {batch, drop, batch.tokens > 0 ? batch.tokens : int64_t(batch.batch) * batch.seq,
           AttentionDims{batch.batch, batch.seq, cfg_.num_attention_heads, cfg_.head_dim(),
@@ -205,7 +205,7 @@ void release_if_taken(BufferSource& mem, const Tensor& t) {
 
 }  // namespace
 
-void BertForSequenceClassification::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
+void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
                                               const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(p.ad, compute_)});
@@ -216,7 +216,7 @@ void BertForSequenceClassification::attention(Backend& be, BufferSource& mem, co
   mem.release(ws);
 }
 
-Tensor BertForSequenceClassification::attention_keep(const Backend& be, BufferSource& mem, const Pass& p, int l,
+Tensor SequenceClassifier::attention_keep(const Backend& be, BufferSource& mem, const Pass& p, int l,
                                                      Category c, const char* name) const {
   const int words = ops::attention_keep_words(be, p.ad, compute_, layer_dropout(p.drop, l, 0));
   if (words == 0) return {};
@@ -224,7 +224,7 @@ Tensor BertForSequenceClassification::attention_keep(const Backend& be, BufferSo
                   {p.ad.batch, p.ad.heads, p.ad.seq, words});
 }
 
-void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
+void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
                                                   const Tensor& x) {
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
@@ -266,7 +266,7 @@ void BertForSequenceClassification::layer_forward(Backend& be, BufferSource& mem
                                      eps, s.ln2_in, s.out, s.ln2_mean, s.ln2_rstd);
 }
 
-void BertForSequenceClassification::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {
+void SequenceClassifier::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {
   Saved& s = saved_[l];
   if (!keep_for_backward) {
     mem.release(x);
@@ -280,7 +280,7 @@ void BertForSequenceClassification::release_unkept(BufferSource& mem, int l, con
   }
 }
 
-Tensor BertForSequenceClassification::recompute_layernorm(Backend& be, BufferSource& mem, const Tensor& sum,
+Tensor SequenceClassifier::recompute_layernorm(Backend& be, BufferSource& mem, const Tensor& sum,
                                                           const Norm& n, const char* name, int l) {
   const int64_t T = sum.shape[0];
   Tensor y = activation(mem, name, l, sum.shape);
@@ -292,7 +292,7 @@ Tensor BertForSequenceClassification::recompute_layernorm(Backend& be, BufferSou
   return y;
 }
 
-BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forward(Backend& be, BufferSource& mem,
+SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, BufferSource& mem,
                                                                                      const Pass& p,
                                                                                      bool keep_for_backward,
                                                                                      float* hidden_out) {
@@ -346,7 +346,7 @@ BertForSequenceClassification::SavedHead BertForSequenceClassification::run_forw
   return h;
 }
 
-void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, const BatchTensors& batch,
+void SequenceClassifier::forward(Backend& be, BufferSource& mem, const BatchTensors& batch,
                                             const ForwardOutputs& out) {
   const DropoutState off{0, false};
   SavedHead h = run_forward(be, mem, pass(batch, off), false, out.last_hidden_state);
@@ -361,7 +361,7 @@ void BertForSequenceClassification::forward(Backend& be, BufferSource& mem, cons
   for (const Tensor& t : {h.cls_tok, h.pooled, h.cls_in, h.logits}) mem.release(t);
 }
 
-void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
+void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
                                                      const DropoutState& drop, float grad_scale,
                                                      const Tensor* loss_scale, Tensor& loss, float* logits_out) {
   const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
@@ -423,7 +423,7 @@ void BertForSequenceClassification::forward_backward(Backend& be, BufferSource& 
   group_grads_done(be, mem, 0);
 }
 
-void BertForSequenceClassification::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
+void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
                                                    Tensor& dh) {
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const bool selective = checkpointing_ == Checkpointing::Selective;
