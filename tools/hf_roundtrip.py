@@ -16,11 +16,19 @@ regression). config.json must hold id2label and label2id, inverse of each other 
 covering 0..num_labels-1. Every problem found is listed; the exit status is 1 if there is
 any, 0 otherwise.
 
+Any family that AutoModelForSequenceClassification knows works (BERT, RoBERTa,
+XLM-RoBERTa, DistilBERT, ELECTRA, ...). The tokenizer's outputs are passed only where the
+model takes them: a field that the model's forward does not name (DistilBERT has no
+token_type_ids) is dropped, and so is token_type_ids when config.type_vocab_size is 1
+(RoBERTa, XLM-RoBERTa: their tokenizers give no token types and the model uses zeros; a
+BERT tokenizer in front of them would give type 1 to the second text of a pair).
+
 Run: python3 tools/hf_roundtrip.py MODEL_DIR TEXTS_JSONL HONE_PREDICTIONS_JSONL
          [--text_column text] [--text_pair_column X] [--max_length 128] [--atol 1e-4]
          [--tokenizer DIR (default: MODEL_DIR)]
 """
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -55,6 +63,16 @@ def check_labels(model_dir, config):
     return problems
 
 
+def model_fields(model, config):
+    """The tokenizer outputs this model is given: those its forward names, less
+    token_type_ids where there is one token type (the model's own zeros stand for it)."""
+    params = inspect.signature(model.forward).parameters.values()
+    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    if getattr(config, "type_vocab_size", 2) <= 1:
+        named.discard("token_type_ids")
+    return named
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model_dir")
@@ -75,6 +93,8 @@ def main():
     model.to(device).eval()
     config = model.config
     problems = check_labels(args.model_dir, config)
+    fields = model_fields(model, config)
+    passed = set()
 
     rows = read_jsonl(args.texts_jsonl)
     preds = read_jsonl(args.hone_predictions_jsonl)
@@ -87,7 +107,9 @@ def main():
         enc = tokenizer(row[args.text_column], pair, truncation=True,
                         max_length=args.max_length, return_tensors="pt").to(device)
         with torch.no_grad():
-            logits = model(**enc).logits[0].double().cpu()
+            inputs = {k: v for k, v in enc.items() if k in fields}
+            passed.update(inputs)
+            logits = model(**inputs).logits[0].double().cpu()
         theirs = torch.tensor(pred["logits"], dtype=torch.float64)
         if theirs.shape != logits.shape:
             problems.append(f"line {i + 1}: hone has {theirs.numel()} logits, transformers {logits.numel()}")
@@ -105,6 +127,7 @@ def main():
 
     n = min(len(rows), len(preds))
     print(f"model: {args.model_dir} ({type(model).__name__}, {config.num_labels} labels, {device})")
+    print(f"inputs: {', '.join(sorted(passed)) or 'none'} (model_type {config.model_type})")
     print(f"examples: {n}")
     if worst is not None:
         print(f"max abs logit difference: {max_diff:.3e} (line {worst + 1}; atol {args.atol:g})")
