@@ -720,9 +720,9 @@ TEST(Labels, FloatsMakeARegression) {
 constexpr const char* kVocab =
     "[UNK]\n[PAD]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\nsat\non\nmat\ndog\n##s\n.\n";
 
-std::shared_ptr<const WordPieceTokenizer> tiny_tokenizer(const TempDir& dir) {
+std::shared_ptr<const Tokenizer> tiny_tokenizer(const TempDir& dir) {
   write_file(dir, "vocab.txt", kVocab);
-  return std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::load(dir.path));
+  return std::make_shared<const Tokenizer>(Tokenizer::load(dir.path));
 }
 
 TEST(DataText, TokenizesOnDemandWithLabels) {

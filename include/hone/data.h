@@ -15,7 +15,7 @@
 namespace hone {
 
 class Backend;
-class WordPieceTokenizer;
+class Tokenizer;
 
 class Dataset {
  public:
@@ -169,7 +169,7 @@ struct LabelSpace {
 class TextDataset final : public Dataset {
  public:
   // Without labels (prediction), every label is 0.
-  TextDataset(TextTable table, std::shared_ptr<const WordPieceTokenizer> tokenizer, const LabelSpace& labels,
+  TextDataset(TextTable table, std::shared_ptr<const Tokenizer> tokenizer, const LabelSpace& labels,
               int max_seq_length, bool with_labels);
   int64_t size() const override { return int64_t(table_.text.size()); }
   int max_seq_len() const override { return max_len_; }
@@ -181,7 +181,7 @@ class TextDataset final : public Dataset {
 
  private:
   TextTable table_;
-  std::shared_ptr<const WordPieceTokenizer> tok_;
+  std::shared_ptr<const Tokenizer> tok_;
   std::vector<float> labels_;
   int max_len_;
   bool regression_;

@@ -332,7 +332,7 @@ class TrainingRun {
 
 // ---------------------------------------------------------------- the loop
 
-class WordPieceTokenizer;
+class Tokenizer;
 
 // Trainer's state, as trainer_state.json holds it, plus what an exact resumption needs.
 struct TrainerState {
@@ -354,7 +354,7 @@ struct TrainerState {
 // names) and, for text models, the tokenizer files.
 struct ModelFiles {
   ModelConfig config;
-  const WordPieceTokenizer* tokenizer = nullptr;
+  const Tokenizer* tokenizer = nullptr;
 };
 
 struct TrainCallbacks {

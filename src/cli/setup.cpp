@@ -86,7 +86,10 @@ void load_tokenizer(const TrainingArguments& a, RunInputs& in) {
   if (in.model.weights_path.empty() && a.tokenizer_name.empty())
     fail("--model_name_or_path {} is a built-in configuration without tokenizer files: pass --tokenizer_name DIR "
          "(a directory with tokenizer.json or vocab.txt)", a.model_name_or_path);
-  in.tokenizer = std::make_shared<const WordPieceTokenizer>(WordPieceTokenizer::load(tok_dir));
+  in.tokenizer = std::make_shared<const Tokenizer>(Tokenizer::load(tok_dir));
+  if (in.tokenizer->pad_id() < 0)
+    fail("{} has no padding token: name one as pad_token in {}/tokenizer_config.json",
+         in.tokenizer->vocabulary_file(), tok_dir);
   const std::string config_file = config_source(a);
   if (in.tokenizer->vocab_size() > cfg.vocab_size)
     fail("{} has {} tokens but the model's vocab_size is {} ({}): the tokenizer gives ids the model has no "

@@ -22,7 +22,7 @@ std::string precision_name(const TrainingArguments& a);
 
 struct RunInputs {
   ModelSource model;  // its config carries the run's labels
-  std::shared_ptr<const WordPieceTokenizer> tokenizer;  // null for synthetic data
+  std::shared_ptr<const Tokenizer> tokenizer;  // null for synthetic data
   LabelSpace labels;
   std::unique_ptr<Dataset> train, eval, test;           // those the arguments name
   bool test_has_labels = false;

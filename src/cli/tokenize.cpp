@@ -17,7 +17,7 @@ namespace hone::cli {
 int tokenize_command(const std::string& tokenizer_dir, int max_length) {
   using nlohmann::json;
   if (max_length < 0) fail("--max_length {} is negative", max_length);
-  const WordPieceTokenizer tok = WordPieceTokenizer::load(tokenizer_dir);
+  const Tokenizer tok = Tokenizer::load(tokenizer_dir);
   std::ios::sync_with_stdio(false);
   std::string line;
   for (int64_t n = 1; std::getline(std::cin, line); ++n) {

@@ -9,7 +9,7 @@
 
 namespace hone {
 
-TextDataset::TextDataset(TextTable table, std::shared_ptr<const WordPieceTokenizer> tokenizer,
+TextDataset::TextDataset(TextTable table, std::shared_ptr<const Tokenizer> tokenizer,
                          const LabelSpace& labels, int max_seq_length, bool with_labels)
     : table_(std::move(table)), tok_(std::move(tokenizer)), max_len_(max_seq_length), regression_(labels.regression) {
   HONE_CHECK(tok_ != nullptr, "text dataset without a tokenizer");
