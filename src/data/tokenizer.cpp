@@ -61,9 +61,19 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
+// Floats as `tokenizers` reads them (serde_f64), so Unigram's scores are its scores.
+struct SerdeFloatParser : nlohmann::detail::json_sax_dom_parser<json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<json>;
+  using Base::Base;
+  bool number_float(double, const std::string& text) { return Base::number_float(serde_f64(text), text); }
+};
+
 json parse_json(const std::string& content, const fs::path& p) {
   try {
-    return json::parse(content);
+    json j;
+    SerdeFloatParser sax(j, true);
+    json::sax_parse(content, &sax);
+    return j;
   } catch (const json::exception& e) {
     fail("tokenizer: {} is not valid JSON: {}", p.string(), e.what());
   }

@@ -32,6 +32,9 @@ void append_lowercase(std::u32string& out, char32_t c);
 // Canonical decomposition as the crate's NormalizedString::nfd.
 std::u32string nfd(std::u32string_view s);
 
+// A JSON number's text as `tokenizers` (serde_json) reads it; see tokenizer_text.cpp.
+double serde_f64(std::string_view s);
+
 // ---------------------------------------------------------------- typed JSON reads
 // Each names `file` and the field (`where` + key) in its message.
 

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 
 #include "data/tokenizer_parts.h"
 #include "hone/error.h"
@@ -197,6 +199,73 @@ void Model::add_token(const std::string& token, int32_t id) {
   if (size_t(id) >= tokens.size()) tokens.resize(size_t(id) + 1);
   tokens[size_t(id)] = token;
   vocab[token] = id;
+}
+
+}  // namespace hone::tok
+
+namespace hone::tok {
+
+// serde_json's f64 parse without its float_roundtrip feature (what `tokenizers` reads
+// tokenizer.json with): the decimal digits as a u64 (digits past its range dropped), then
+// one multiplication or division by a power of ten. It can be one ulp off the correctly
+// rounded value, and Unigram's best path can turn on that ulp.
+double serde_f64(std::string_view s) {
+  static const double pow10[] = {
+#define HONE_P(x) 1e##x,
+#define HONE_P10(x) HONE_P(x##0) HONE_P(x##1) HONE_P(x##2) HONE_P(x##3) HONE_P(x##4) HONE_P(x##5) HONE_P(x##6) \
+    HONE_P(x##7) HONE_P(x##8) HONE_P(x##9)
+      1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, HONE_P10(1) HONE_P10(2) HONE_P10(3) HONE_P10(4) HONE_P10(5)
+      HONE_P10(6) HONE_P10(7) HONE_P10(8) HONE_P10(9) HONE_P10(10) HONE_P10(11) HONE_P10(12) HONE_P10(13)
+      HONE_P10(14) HONE_P10(15) HONE_P10(16) HONE_P10(17) HONE_P10(18) HONE_P10(19) HONE_P10(20) HONE_P10(21)
+      HONE_P10(22) HONE_P10(23) HONE_P10(24) HONE_P10(25) HONE_P10(26) HONE_P10(27) HONE_P10(28) HONE_P10(29)
+      1e300, 1e301, 1e302, 1e303, 1e304, 1e305, 1e306, 1e307, 1e308};
+#undef HONE_P10
+#undef HONE_P
+  size_t i = 0;
+  const bool positive = !(i < s.size() && s[i] == '-');
+  if (!positive) ++i;
+  uint64_t sig = 0;
+  int64_t exponent = 0;
+  bool overflowed = false;
+  auto digit = [&](size_t k) { return k < s.size() && s[k] >= '0' && s[k] <= '9'; };
+  auto push = [&](unsigned d) {  // false when the u64 would overflow
+    if (sig > UINT64_MAX / 10 || (sig == UINT64_MAX / 10 && d > UINT64_MAX % 10)) return false;
+    sig = sig * 10 + d;
+    return true;
+  };
+  for (; digit(i); ++i)
+    if (overflowed || !push(unsigned(s[i] - '0'))) {
+      overflowed = true;
+      ++exponent;  // an integer digit past the u64 still counts
+    }
+  if (i < s.size() && s[i] == '.')
+    for (++i; digit(i); ++i)
+      if (!overflowed) {
+        if (push(unsigned(s[i] - '0'))) --exponent;
+        else overflowed = true;
+      }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    bool neg = false;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
+    int64_t e = 0;
+    for (; digit(i); ++i) e = std::min<int64_t>(e * 10 + (s[i] - '0'), int64_t(1) << 40);
+    exponent += neg ? -e : e;
+  }
+  double f = double(sig);
+  for (;;) {
+    const uint64_t k = uint64_t(exponent < 0 ? -exponent : exponent);
+    if (k < std::size(pow10)) {
+      if (exponent >= 0) f *= pow10[k];
+      else f /= pow10[k];
+      break;
+    }
+    if (f == 0.0) break;
+    if (exponent >= 0) return positive ? HUGE_VAL : -HUGE_VAL;  // serde refuses; JSON has no inf
+    f /= 1e308;
+    exponent += 308;
+  }
+  return positive ? f : -f;
 }
 
 }  // namespace hone::tok
