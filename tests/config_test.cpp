@@ -83,7 +83,8 @@ TEST(Config, ParsesTransformersBertConfig) {
   EXPECT_EQ(c.activation(), Activation::Gelu);
   EXPECT_EQ(c.resolved_problem_type(), "single_label_classification");
   // Unused fields are kept; architectures is rewritten on save.
-  EXPECT_EQ(c.extra, json::parse(R"({"gradient_checkpointing": false, "model_type": "bert",
+  EXPECT_EQ(c.model_type, "bert");
+  EXPECT_EQ(c.extra, json::parse(R"({"gradient_checkpointing": false,
                                      "transformers_version": "4.6.0.dev0", "use_cache": true})"));
   c.validate("config.json");
 }
@@ -275,7 +276,15 @@ TEST(Config, ValidationErrorsNameSourceAndField) {
        {"num_hidden_layers 1000", "parameters"}},
       {R"({"hidden_act": "swish"})", {"'swish'", "gelu, gelu_new, gelu_pytorch_tanh, relu"}},
       {R"({"position_embedding_type": "relative_key"})", {"'relative_key'", "not supported"}},
-      {R"({"model_type": "roberta"})", {R"(model_type "roberta" is not one hone implements (hone has: "bert"))"}},
+      {R"({"model_type": "modernbert"})",
+       {R"(model_type "modernbert" is not one hone implements (hone has: "bert", "roberta", "xlm-roberta", )"
+        R"("distilbert", "electra"))"}},
+      {R"({"model_type": 3})", {"field 'model_type' must be a string, got number 3"}},
+      {R"({"model_type": "distilbert", "sinusoidal_pos_embds": true})",
+       {"sinusoidal_pos_embds true is not supported (hone runs sinusoidal_pos_embds false)"}},
+      {R"({"model_type": "distilbert", "dim": 100, "n_heads": 3})", {"hidden_size (100)", "num_attention_heads (3)"}},
+      {R"({"model_type": "distilbert", "n_layers": 0})", {"n_layers must be in [1, 1364], got 0"}},
+      {R"({"model_type": "roberta", "max_position_embeddings": 2})", {"max_position_embeddings (2) leaves no position"}},
       {R"({"problem_type": "multi_label_classification"})", {"multi_label_classification", "not supported yet"}},
   };
   for (const Case& c : cases) {
@@ -313,9 +322,9 @@ TEST(Config, ValidateChecksConfigsMadeInCode) {
   expect_error([&] { c.validate("bert-custom"); }, {"hidden_dropout_prob must be in [0, 1), got nan"});
 }
 
-// The configuration a RoBERTa directory carries, as transformers saves it: every field
-// reads as a BERT's, so model_type alone tells them apart.
-TEST(Config, OtherModelTypesAreRefusedFromTheFile) {
+// Each family's config.json as transformers saves it reads into ModelConfig's fields and
+// is written back under the family's own names; a model_type hone lacks is refused.
+TEST(Config, FamiliesReadAndWriteTheirOwnFiles) {
   TempDir dir;
   const std::string path = dir.path + "/config.json";
   std::ofstream(path) << R"({"architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
@@ -323,12 +332,67 @@ TEST(Config, OtherModelTypesAreRefusedFromTheFile) {
       "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
       "model_type": "roberta", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
       "type_vocab_size": 1, "vocab_size": 50265})";
-  expect_error([&] { ModelConfig::load(path); }, {path + R"(: model_type "roberta")", R"(hone has: "bert")"});
+  ModelConfig roberta = ModelConfig::load(path);
+  EXPECT_EQ(roberta.model_type, "roberta");
+  EXPECT_EQ(roberta.family().architecture, "RobertaForSequenceClassification");
+  EXPECT_EQ(roberta.pad_token_id, 1);
+  EXPECT_EQ(roberta.max_sequence_length(), 512);  // positions start after the padding index
+  json j = roberta.to_json();
+  EXPECT_EQ(j["architectures"], json::array({"RobertaForSequenceClassification"}));
+  EXPECT_EQ(j["model_type"], "roberta");
+  EXPECT_EQ(j["bos_token_id"], 0);
+  EXPECT_EQ(j["type_vocab_size"], 1);
+
+  // DistilBERT names the fields its own way, and has no token types or LayerNorm eps.
+  std::ofstream(path) << R"({"activation": "gelu", "architectures": ["DistilBertForMaskedLM"],
+      "attention_dropout": 0.1, "dim": 768, "dropout": 0.1, "hidden_dim": 3072, "initializer_range": 0.02,
+      "max_position_embeddings": 512, "model_type": "distilbert", "n_heads": 12, "n_layers": 6, "pad_token_id": 0,
+      "qa_dropout": 0.1, "seq_classif_dropout": 0.2, "sinusoidal_pos_embds": false, "tie_weights_": true,
+      "vocab_size": 30522})";
+  ModelConfig distil = ModelConfig::load(path);
+  EXPECT_EQ(distil.hidden_size, 768);
+  EXPECT_EQ(distil.num_hidden_layers, 6);
+  EXPECT_EQ(distil.intermediate_size, 3072);
+  EXPECT_FLOAT_EQ(distil.effective_classifier_dropout(), 0.2f);
+  j = distil.to_json();
+  for (const char* field : {"dim", "n_layers", "n_heads", "hidden_dim", "activation", "dropout", "attention_dropout",
+                            "seq_classif_dropout", "qa_dropout", "sinusoidal_pos_embds", "tie_weights_"})
+    EXPECT_TRUE(j.contains(field)) << field;
+  for (const char* field : {"hidden_size", "num_hidden_layers", "intermediate_size", "type_vocab_size",
+                            "layer_norm_eps", "classifier_dropout", "hidden_act"})
+    EXPECT_FALSE(j.contains(field)) << field;
+  EXPECT_EQ(ModelConfig::from_json(j, "saved").to_json(), j);
+  // Missing fields take DistilBertConfig's defaults, not BertConfig's.
+  EXPECT_EQ(ModelConfig::from_json(json::parse(R"({"model_type": "distilbert"})"), "x").num_hidden_layers, 6);
+
+  // ELECTRA's embeddings have a width of their own (transformers' default: 128 of 256).
+  ModelConfig electra = ModelConfig::from_json(json::parse(R"({"model_type": "electra"})"), "x");
+  EXPECT_EQ(electra.embedding_width(), 128);
+  EXPECT_EQ(electra.hidden_size, 256);
+  EXPECT_TRUE(electra.projects_embeddings());
+  EXPECT_EQ(electra.to_json()["embedding_size"], 128);
+  EXPECT_FALSE(roberta.to_json().contains("embedding_size"));
+
+  std::ofstream(path) << R"({"architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert"})";
+  expect_error([&] { ModelConfig::load(path); }, {path + R"(: model_type "modernbert")", R"(hone has: "bert", )"});
   // A BERT encoder saved with any head, or with no model_type at all, is a BERT.
   std::ofstream(path) << R"({"architectures": ["BertForPreTraining"], "model_type": "bert"})";
   EXPECT_EQ(ModelConfig::load(path).hidden_size, 768);
   std::ofstream(path) << R"({"architectures": ["BertModel"]})";
   EXPECT_EQ(ModelConfig::load(path).hidden_size, 768);
+}
+
+// The built-in configurations are those of the Hub checkpoints.
+TEST(Config, BuiltinFamilies) {
+  const ModelConfig roberta = *builtin_config("FacebookAI/roberta-large");
+  EXPECT_EQ(roberta.model_type, "roberta");
+  EXPECT_EQ(roberta.hidden_size, 1024);
+  EXPECT_EQ(roberta.max_position_embeddings, 514);
+  EXPECT_EQ(roberta.vocab_size, 50265);
+  EXPECT_EQ(builtin_config("xlm-roberta-base")->vocab_size, 250002);
+  EXPECT_EQ(builtin_config("distilbert-base-uncased")->num_hidden_layers, 6);
+  EXPECT_EQ(builtin_config("google/electra-small-discriminator")->embedding_width(), 128);
+  EXPECT_FALSE(builtin_config("electra-base-discriminator")->projects_embeddings());
 }
 
 TEST(Config, RangeErrorsFromAFileNameThePath) {
@@ -413,7 +477,9 @@ TEST(Config, BuiltinConfigs) {
     EXPECT_EQ(c->id2label.size(), 2u);
     c->validate(s.name);
   }
-  EXPECT_EQ(builtin_config_names(), names);
+  const std::vector<std::string> all = builtin_config_names();  // the BERTs first, then the other families
+  EXPECT_EQ(std::vector<std::string>(all.begin(), all.begin() + std::ptrdiff_t(names.size())), names);
+  for (const std::string& name : all) builtin_config(name)->validate(name);
   EXPECT_EQ(builtin_config("google-bert/bert-base-uncased")->hidden_size, 768);
   EXPECT_EQ(builtin_config("google-bert/bert-large-uncased")->hidden_size, 1024);
   EXPECT_EQ(builtin_config("prajjwal1/bert-tiny")->hidden_size, 128);

@@ -614,7 +614,7 @@ struct EmbeddingCase {
 TEST(OpsEmbedding, ForwardSumsThreeTables) {
   CpuBackend be;
   EmbeddingCase c;
-  ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+  ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
   std::vector<double> want(24);
   for (int t = 0; t < 6; ++t)
     for (int h = 0; h < 4; ++h)
@@ -628,15 +628,69 @@ TEST(OpsEmbedding, BackwardMatchesFiniteDifferencesAndAccumulates) {
   EmbeddingCase c;
   HostTensor r = random({6, 4}, 4);
   auto loss = [&] {
-    ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+    ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
     return weighted_sum(c.out, r);
   };
   HostTensor dw = random({7, 4}, 5), dp = random({5, 4}, 6), dt = random({2, 4}, 7);
   HostTensor dw0 = random({7, 4}, 5), dp0 = random({5, 4}, 6), dt0 = random({2, 4}, 7);
-  ops::embedding_backward(be, r.t, c.ids.t, c.types.t, c.kSeq, dw.t, dp.t, dt.t);
+  ops::embedding_backward(be, r.t, c.ids.t, c.types.t, Tensor{}, c.kSeq, dw.t, dp.t, dt.t);
   expect_grad("dword", dw.f(), numeric_grad(c.word, loss), 1e-4, dw0.f());
   expect_grad("dpos", dp.f(), numeric_grad(c.pos, loss), 1e-4, dp0.f());
   expect_grad("dtype", dt.f(), numeric_grad(c.type, loss), 1e-4, dt0.f());
+}
+
+// RoBERTa's embeddings: positions given (counted after the padding id), type 0 for every
+// token; DistilBERT's: no type table at all.
+TEST(OpsEmbedding, GivenPositionsAndAbsentTypes) {
+  CpuBackend be;
+  EmbeddingCase c;
+  HostTensor positions = ints({6}, {2, 3, 4, 2, 1, 1});
+  ops::embedding_forward(be, c.ids.t, Tensor{}, positions.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+  std::vector<double> want(24), want_no_type(24);
+  for (int t = 0; t < 6; ++t)
+    for (int h = 0; h < 4; ++h) {
+      const double wp = double(c.word.f()[c.ids.i()[t] * 4 + h]) + c.pos.f()[positions.i()[t] * 4 + h];
+      want[t * 4 + h] = wp + c.type.f()[h];
+      want_no_type[t * 4 + h] = wp;
+    }
+  expect_close("out", c.out.f(), want);
+  ops::embedding_forward(be, c.ids.t, Tensor{}, positions.t, c.word.t, c.pos.t, Tensor{}, c.kSeq, c.out.t);
+  expect_close("out without types", c.out.f(), want_no_type);
+
+  HostTensor r = random({6, 4}, 4);
+  for (bool with_type : {true, false}) {
+    const Tensor type = with_type ? c.type.t : Tensor{};
+    auto loss = [&] {
+      ops::embedding_forward(be, c.ids.t, Tensor{}, positions.t, c.word.t, c.pos.t, type, c.kSeq, c.out.t);
+      return weighted_sum(c.out, r);
+    };
+    HostTensor dw = random({7, 4}, 5), dp = random({5, 4}, 6), dt = random({2, 4}, 7);
+    HostTensor dw0 = random({7, 4}, 5), dp0 = random({5, 4}, 6), dt0 = random({2, 4}, 7);
+    Tensor dtype = with_type ? dt.t : Tensor{};
+    ops::embedding_backward(be, r.t, c.ids.t, Tensor{}, positions.t, c.kSeq, dw.t, dp.t, dtype);
+    expect_grad("dword", dw.f(), numeric_grad(c.word, loss), 1e-4, dw0.f());
+    expect_grad("dpos", dp.f(), numeric_grad(c.pos, loss), 1e-4, dp0.f());
+    if (with_type) expect_grad("dtype", dt.f(), numeric_grad(c.type, loss), 1e-4, dt0.f());
+  }
+  positions.i()[2] = 5;  // past the 5 rows of pos
+  EXPECT_EQ(error_of([&] {
+              ops::embedding_forward(be, c.ids.t, Tensor{}, positions.t, c.word.t, c.pos.t, c.type.t, c.kSeq,
+                                     c.out.t);
+            }),
+            "position id 5 at token 2 is out of range for 5 position embeddings");
+  EXPECT_EQ(error_of([&] {
+              ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, Tensor{}, c.kSeq, c.out.t);
+            }),
+            "embedding_forward: token types given without a type table");
+}
+
+// transformers' create_position_ids_from_input_ids: padding keeps the padding index, the
+// others count from after it, also where padding sits between tokens.
+TEST(OpsEmbedding, PositionIdsAfterPadding) {
+  CpuBackend be;
+  HostTensor ids = ints({8}, {0, 5, 9, 1, 0, 1, 7, 1}), out(DType::I32, {8});
+  ops::position_ids_after_padding(be, ids.t, 1, 4, out.t);
+  EXPECT_EQ(std::vector<int32_t>(out.i(), out.i() + 8), (std::vector<int32_t>{2, 3, 4, 1, 2, 1, 3, 1}));
 }
 
 TEST(OpsEmbedding, OutOfRangeIdsThrow) {
@@ -644,19 +698,19 @@ TEST(OpsEmbedding, OutOfRangeIdsThrow) {
   EmbeddingCase c;
   c.ids.i()[4] = 7;
   EXPECT_EQ(error_of([&] {
-              ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+              ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
             }),
             "token id 7 at position 4 is out of range for a vocabulary of 7");
   c.ids.i()[4] = -1;
-  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t), Error);
+  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t), Error);
   c.ids.i()[4] = 2;
   c.types.i()[1] = 2;
-  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t), Error);
+  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t), Error);
   HostTensor dw(DType::F32, {7, 4}), dp(DType::F32, {5, 4}), dt(DType::F32, {2, 4});
-  EXPECT_THROW(ops::embedding_backward(be, c.out.t, c.ids.t, c.types.t, c.kSeq, dw.t, dp.t, dt.t), Error);
+  EXPECT_THROW(ops::embedding_backward(be, c.out.t, c.ids.t, c.types.t, Tensor{}, c.kSeq, dw.t, dp.t, dt.t), Error);
   // Positions beyond the table: seq 6 needs 6 rows of pos.
   c.types.i()[1] = 1;
-  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, c.word.t, c.pos.t, c.type.t, 6, c.out.t), Error);
+  EXPECT_THROW(ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, 6, c.out.t), Error);
 }
 
 TEST(OpsEmbedding, GatherAndScatterFirstTokens) {
@@ -948,8 +1002,8 @@ TEST(OpsDryRun, ChecksShapesButTouchesNothing) {
   ops::attention_backward(be, ctx, qkv, ctx, mask, stats, keep, d, {0.1f, 1, 2}, qkv, work);
   Tensor ids{nullptr, DType::I32, {10}}, word{nullptr, DType::F32, {50, 12}}, pos{nullptr, DType::F32, {8, 12}};
   Tensor type{nullptr, DType::F32, {2, 12}};
-  ops::embedding_forward(be, ids, ids, word, pos, type, 5, ctx);
-  ops::embedding_backward(be, ctx, ids, ids, 5, word, pos, type);
+  ops::embedding_forward(be, ids, ids, Tensor{}, word, pos, type, 5, ctx);
+  ops::embedding_backward(be, ctx, ids, ids, Tensor{}, 5, word, pos, type);
   // Planned tensors may look aliased (here all are null): only real memory is checked.
   Tensor row_stats{nullptr, DType::F32, {10}}, norm_params{nullptr, DType::F32, {12}};
   ops::dropout_add_layernorm_forward(be, ctx, ctx, {0.1f, 1, 2}, norm_params, norm_params, 1e-5f, ctx, ctx, row_stats,

@@ -370,11 +370,16 @@ class Backend {
   // out = residual + dropout(x); out may alias either input.
   virtual void dropout_add(const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out) = 0;
 
-  // ids, types: I32 [B*S]; out[t] = word[ids[t]] + pos[t % S] + type[types[t]], S = pos rows used
-  virtual void embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
-                                 const Tensor& type, int seq, Tensor& out) = 0;
-  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq, Tensor& dword,
-                                  Tensor& dpos, Tensor& dtype) = 0;
+  // ids, types, positions: I32 [B*S]; out[t] = word[ids[t]] + pos[positions[t]] + type[types[t]].
+  // An empty positions tensor means t % S; empty types, type 0; an empty type table, no
+  // type term (families without token types).
+  virtual void embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& positions, const Tensor& word,
+                                 const Tensor& pos, const Tensor& type, int seq, Tensor& out) = 0;
+  virtual void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, const Tensor& positions,
+                                  int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) = 0;
+  // RoBERTa's position ids: for each row of S ids, pad + the count of ids other than pad up
+  // to and including this one, and pad itself where the id is pad. ids, out: I32 [B*S].
+  virtual void position_ids_after_padding(const Tensor& ids, int32_t pad, int seq, Tensor& out) = 0;
   // out[b] = hidden[b*S]  (the [CLS] rows); scatter writes dhidden = 0 except those rows.
   virtual void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) = 0;
   virtual void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) = 0;

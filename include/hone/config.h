@@ -7,10 +7,12 @@
 #include <vector>
 
 #include "hone/backend.h"
+#include "hone/family.h"
 
 namespace hone {
 
 struct ModelConfig {
+  std::string model_type = "bert";  // one of family_names()
   int vocab_size = 30522;
   int hidden_size = 768;
   int num_hidden_layers = 12;
@@ -28,6 +30,7 @@ struct ModelConfig {
   std::optional<float> classifier_dropout;  // null: hidden_dropout_prob is used
   int num_labels = 2;
   std::vector<std::string> id2label = {"LABEL_0", "LABEL_1"};  // size num_labels; "LABEL_i" when not given
+  int embedding_size = 0;  // ELECTRA's embedding width; 0: hidden_size
   std::string problem_type;  // "", "regression", "single_label_classification"
   nlohmann::json extra = nlohmann::json::object();  // fields hone does not use, written back unchanged
 
@@ -38,8 +41,14 @@ struct ModelConfig {
   void save(const std::string& path) const;         // atomically
 
   // Throws hone::Error naming `source`, the field and its value for a value out of its
-  // range or inconsistent with the others, and for a model_type other than "bert".
+  // range or inconsistent with the others.
   void validate(const std::string& source) const;
+  const ModelFamily& family() const { return find_family(model_type, "config"); }
+  int embedding_width() const { return embedding_size > 0 ? embedding_size : hidden_size; }
+  // Whether the embeddings are projected to hidden_size (ELECTRA with embedding_size != hidden_size).
+  bool projects_embeddings() const { return !family().projection.empty() && embedding_width() != hidden_size; }
+  // The longest sequence the position embeddings cover (RoBERTa's start after the padding index).
+  int max_sequence_length() const;
   Activation activation() const;
   int head_dim() const { return hidden_size / num_attention_heads; }
   float effective_classifier_dropout() const { return classifier_dropout.value_or(hidden_dropout_prob); }
@@ -47,9 +56,10 @@ struct ModelConfig {
   std::string resolved_problem_type() const;
 };
 
-// Configurations hone knows without any file: bert-tiny, bert-mini, bert-small,
-// bert-medium, bert-base-uncased, bert-large-uncased, also under their Hub names
-// (google-bert/bert-base-uncased, prajjwal1/bert-tiny, google/bert_uncased_L-2_H-128_A-2, ...).
+// Configurations hone knows without any file, as their Hub checkpoints' config.json has
+// them: bert-tiny ... bert-large-uncased, roberta-base/large, xlm-roberta-base/large,
+// distilbert-base-uncased, electra-small/base/large-discriminator, also under their Hub
+// names (google-bert/bert-base-uncased, prajjwal1/bert-tiny, FacebookAI/roberta-base, ...).
 std::optional<ModelConfig> builtin_config(std::string_view name);
 std::vector<std::string> builtin_config_names();
 

@@ -49,10 +49,11 @@ class CpuBackend final : public Backend {
   void tanh_backward(const Tensor& dy, const Tensor& y, Tensor& dx) override;
   void dropout(const Tensor& x, const DropoutSpec& d, Tensor& y) override;
   void dropout_add(const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out) override;
-  void embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
-                         const Tensor& type, int seq, Tensor& out) override;
-  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq, Tensor& dword,
-                          Tensor& dpos, Tensor& dtype) override;
+  void embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& positions, const Tensor& word,
+                         const Tensor& pos, const Tensor& type, int seq, Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, const Tensor& positions,
+                          int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) override;
+  void position_ids_after_padding(const Tensor& ids, int32_t pad, int seq, Tensor& out) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,

@@ -1,7 +1,10 @@
 #pragma once
-// SequenceClassifier as transformers defines it, written as calls to ops.
+// An encoder for sequence classification as transformers defines it for BERT and the
+// families that share its blocks (hone/family.h: RoBERTa, XLM-RoBERTa, DistilBERT,
+// ELECTRA), written as calls to ops. The family names the parameters and chooses the
+// embeddings' inputs and the head; the layers are the same code for all.
 // All parameters live in one flat buffer (and so do the optimizer moments), in groups:
-// the embeddings, each encoder layer, the pooler and classifier. Within a group the
+// the embeddings, each encoder layer, the classification head. Within a group the
 // weight-decayed parameters come first, so AdamW runs as two calls per group over
 // contiguous memory. A group's gradients are one buffer, which lets a run place them in
 // activation memory that backward has just freed. Query, key and value weights are
@@ -14,9 +17,13 @@
 
 #include "hone/backend.h"
 #include "hone/config.h"
+#include "hone/family.h"
 #include "hone/memory.h"
 
 namespace hone {
+
+// What a parameter is, which sets its initialisation and weight decay.
+enum class ParamKind : uint8_t { Embedding, Weight, Bias, NormWeight, NormBias };
 
 // One parameter under its Hugging Face name, as a slice of the flat buffers.
 struct ParamEntry {
@@ -24,7 +31,9 @@ struct ParamEntry {
   Shape shape;
   int64_t offset = 0;  // in elements
   bool decay = false;  // weight decay applies (not a bias, not a LayerNorm parameter)
-  int group = 0;       // 0 embeddings, 1 + l encoder layer l, L + 1 pooler and classifier
+  int group = 0;       // 0 embeddings, 1 + l encoder layer l, L + 1 the classification head
+  ParamKind kind = ParamKind::Weight;
+  int64_t zero_row = -1;  // an embedding's padding row, zero at initialisation; -1: none
 };
 
 // A contiguous range of the flat buffers: [begin, decayed_end) takes weight decay.
@@ -156,7 +165,7 @@ class SequenceClassifier {
   // Model FLOPs of one training step on batch x seq tokens: 3x the forward pass (backward
   // costs two), counting 2 per multiply-add of every product. Per token and layer:
   // 2(4H^2 + 2HI) for the projections and the FFN, 4SH for attention scores and context;
-  // per sequence the pooler and classifier. Recomputation is not model work and is not
+  // per token the embeddings' projection (ELECTRA); per sequence the head. Recomputation is not model work and is not
   // counted, which is what makes the utilisation "model" FLOPs utilisation (MFU).
   double training_flops(int batch, int seq) const;
   // Inference: the same forward pass without dropout, keeping nothing for a backward
@@ -188,9 +197,18 @@ class SequenceClassifier {
   };
 
   // What backward reads besides the per-layer Saved buffers.
+  // emb_norm: the embeddings' LayerNorm output (after dropout) when it is projected into
+  // emb_out (ELECTRA), else empty. head_in: the dense layer's input (cls_tok after the
+  // head's first dropout; cls_tok itself when the head has none); head_pre: the dense
+  // layer's output before a GELU or ReLU (tanh's backward reads its output, pooled).
   struct SavedHead {
-    Tensor emb_sum, emb_mean, emb_rstd, emb_out, cls_tok, pooled, cls_in, logits;
+    Tensor positions, emb_sum, emb_mean, emb_rstd, emb_norm, emb_out, cls_tok, head_in, head_pre, pooled, cls_in,
+        logits;
   };
+  // The first token's hidden state through the head's dense layer and activation into h.pooled.
+  void head_forward(Backend& be, BufferSource& mem, const Pass& p, SavedHead& h);
+  // From the gradient of h.pooled (consumed) to that of h.cls_tok.
+  void head_backward(Backend& be, BufferSource& mem, const Pass& p, SavedHead& h, Tensor& d_pooled, Tensor& d_tok);
   // The forward pass up to the logits (taken, not released). With keep_for_backward
   // false, layer buffers are released as soon as nothing later reads them.
   SavedHead run_forward(Backend& be, BufferSource& mem, const Pass& p, bool keep_for_backward, float* hidden_out);
@@ -247,14 +265,20 @@ class SequenceClassifier {
   DropoutSpec dropout(const DropoutState& d, float p, int site) const;
   // Layer l's dropout sites: k = 0 attention probabilities, 1 attention output, 2 FFN output.
   DropoutSpec layer_dropout(const DropoutState& d, int l, int k) const;
+  // The head's dropouts: after the activation (k = 0) and on its input (k = 1).
+  DropoutSpec head_dropout(const DropoutState& d, int k) const;
+  // The batch's token types as the embeddings read them: empty when the family has none.
+  Tensor token_types(const BatchTensors& b) const { return type_ ? b.token_type_ids : Tensor{}; }
 
   ModelConfig cfg_;
   bool regression_;  // cached: resolved_problem_type() builds a string
   ParamLayout layout_;
-  const ParamEntry *word_, *pos_, *type_;
+  const ModelFamily* family_;
+  const ParamEntry *word_, *pos_, *type_;  // type_ null: no token types
   Norm emb_ln_;
+  Linear projection_{nullptr, nullptr};  // w null: the embeddings are hidden_size wide
   std::vector<Layer> layers_;
-  Linear pooler_, classifier_;
+  Linear head_dense_, head_out_;
   Tensor weights_;       // F32 parameters (the master weights under mixed precision)
   Tensor half_weights_;  // their compute-dtype copy under mixed precision
   DType compute_ = DType::F32;

@@ -47,10 +47,11 @@ void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx);
 void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y);
 void dropout_add(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d, Tensor& out);
 
-void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
-                       const Tensor& type, int seq, Tensor& out);
-void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
-                        Tensor& dword, Tensor& dpos, Tensor& dtype);
+void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& positions,
+                       const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out);
+void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types,
+                        const Tensor& positions, int seq, Tensor& dword, Tensor& dpos, Tensor& dtype);
+void position_ids_after_padding(Backend& be, const Tensor& ids, int32_t pad, int seq, Tensor& out);
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
 void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);

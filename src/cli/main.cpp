@@ -14,7 +14,7 @@
 
 int main(int argc, char** argv) {
   using namespace hone;
-  CLI::App app{"hone: fine-tune BERT for sequence classification, with Hugging Face Trainer's flags and files"};
+  CLI::App app{"hone: fine-tune BERT, RoBERTa, XLM-RoBERTa, DistilBERT and ELECTRA for sequence classification, with Hugging Face Trainer's flags and files"};
   app.require_subcommand(1);
   TrainingArguments train_args, predict_args, estimate_args, serve_args;
   bool list_buffers = false;

@@ -94,12 +94,12 @@ void load_tokenizer(const TrainingArguments& a, RunInputs& in) {
   if (in.tokenizer->vocab_size() > cfg.vocab_size)
     fail("{} has {} tokens but the model's vocab_size is {} ({}): the tokenizer gives ids the model has no "
          "embedding for", in.tokenizer->vocabulary_file(), in.tokenizer->vocab_size(), cfg.vocab_size, config_file);
-  if (in.tokenizer->max_type_id() >= cfg.type_vocab_size)
+  if (cfg.family().token_types && in.tokenizer->max_type_id() >= cfg.type_vocab_size)
     fail("{}: the post-processor gives token type id {} but the model's type_vocab_size is {} ({})",
          in.tokenizer->vocabulary_file(), in.tokenizer->max_type_id(), cfg.type_vocab_size, config_file);
-  in.seq_len = std::min(a.max_seq_length, cfg.max_position_embeddings);
-  if (a.max_seq_length > cfg.max_position_embeddings)
-    fmt::print("notice: --max_seq_length {} is longer than the model's max_position_embeddings; using {}\n",
+  in.seq_len = std::min(a.max_seq_length, cfg.max_sequence_length());
+  if (a.max_seq_length > cfg.max_sequence_length())
+    fmt::print("notice: --max_seq_length {} is longer than the model's max_position_embeddings allow; using {}\n",
                a.max_seq_length, in.seq_len);
 }
 

@@ -1,4 +1,4 @@
-// BERT embeddings (word + position + token type) and the [CLS] row gather/scatter, in
+// Embeddings (word + position + token type) and the first-token row gather/scatter, in
 // F32, BF16 or F16 (sums in F32; the parameter gradients stay F32). Row kernels give each
 // block a row and its threads the columns, V at a time: V == kVec<T> (one 16-byte access:
 // 4 floats or 8 halves) when the width is a multiple of it and every base pointer is
@@ -25,21 +25,34 @@ __device__ __forceinline__ void store_row(T* p, const float (&v)[V]) {
   else cuda::store_floats(p, v);
 }
 
+// Token t's position row (positions null: its column) and type row (types null: 0).
+__device__ __forceinline__ int64_t position_row(const int32_t* positions, int64_t t, int seq) {
+  return positions ? positions[t] : t % seq;
+}
+__device__ __forceinline__ int32_t type_row(const int32_t* types, int64_t t) { return types ? types[t] : 0; }
+
+// type null: no type term (a family without token types).
 template <typename T, int V>
-__global__ void embedding_forward_kernel(const int32_t* ids, const int32_t* types, const T* word, const T* pos,
-                                         const T* type, int64_t tokens, int64_t hidden, int seq, T* out) {
+__global__ void embedding_forward_kernel(const int32_t* ids, const int32_t* types, const int32_t* positions,
+                                         const T* word, const T* pos, const T* type, int64_t tokens, int64_t hidden,
+                                         int seq, T* out) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* w = word + int64_t(ids[t]) * hidden;
-    const T* p = pos + (t % seq) * hidden;
-    const T* ty = type + int64_t(types[t]) * hidden;
+    const T* p = pos + position_row(positions, t, seq) * hidden;
+    const T* ty = type ? type + int64_t(type_row(types, t)) * hidden : nullptr;
     T* o = out + t * hidden;
     for (int64_t c = int64_t(threadIdx.x) * V; c < hidden; c += int64_t(blockDim.x) * V) {
       float a[V], b[V], e[V];
       load_row(w + c, a);
       load_row(p + c, b);
-      load_row(ty + c, e);
+      if (ty) {
+        load_row(ty + c, e);
 #pragma unroll
-      for (int k = 0; k < V; ++k) a[k] = a[k] + b[k] + e[k];  // the CPU's order
+        for (int k = 0; k < V; ++k) a[k] = a[k] + b[k] + e[k];  // the CPU's order
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) a[k] = a[k] + b[k];
+      }
       store_row(o + c, a);
     }
   }
@@ -49,35 +62,59 @@ __global__ void embedding_forward_kernel(const int32_t* ids, const int32_t* type
 constexpr int64_t kTokenChunk = 32;
 
 // Threads own columns; each block walks a chunk of consecutive tokens. Runs of tokens
-// with the same word id or type (padding, segments) are summed in registers and added
-// once, so the atomics to popular rows (type 0, the padding id) are far fewer than the
-// tokens. Positions are all distinct within a chunk and are added directly.
+// with the same word id, type or position (padding, segments, RoBERTa's padding position)
+// are summed in registers and added once, so the atomics to popular rows are far fewer
+// than the tokens. dtype null: no type table.
 template <typename T>
-__global__ void embedding_backward_kernel(const T* dout, const int32_t* ids, const int32_t* types, int64_t tokens,
-                                          int64_t hidden, int seq, float* dword, float* dpos, float* dtype) {
+__global__ void embedding_backward_kernel(const T* dout, const int32_t* ids, const int32_t* types,
+                                          const int32_t* positions, int64_t tokens, int64_t hidden, int seq,
+                                          float* dword, float* dpos, float* dtype) {
   const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
   for (int64_t c = cuda::grid_start(); c < hidden; c += cuda::grid_stride())
     for (int64_t chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {
       const int64_t t0 = chunk * kTokenChunk, t1 = t0 + kTokenChunk < tokens ? t0 + kTokenChunk : tokens;
-      int32_t word_id = ids[t0], type_id = types[t0];
-      float word_sum = 0.0f, type_sum = 0.0f;
+      int32_t word_id = ids[t0], type_id = type_row(types, t0);
+      int64_t pos_id = position_row(positions, t0, seq);
+      float word_sum = 0.0f, type_sum = 0.0f, pos_sum = 0.0f;
       for (int64_t t = t0; t < t1; ++t) {
         const float g = cuda::to_float(dout[t * hidden + c]);
-        atomicAdd(dpos + (t % seq) * hidden + c, g);
+        const int64_t p = position_row(positions, t, seq);
+        if (p != pos_id) {
+          atomicAdd(dpos + pos_id * hidden + c, pos_sum);
+          pos_id = p, pos_sum = 0.0f;
+        }
+        pos_sum += g;
         if (ids[t] != word_id) {
           atomicAdd(dword + int64_t(word_id) * hidden + c, word_sum);
           word_id = ids[t], word_sum = 0.0f;
         }
         word_sum += g;
-        if (types[t] != type_id) {
-          atomicAdd(dtype + int64_t(type_id) * hidden + c, type_sum);
-          type_id = types[t], type_sum = 0.0f;
+        if (dtype) {
+          const int32_t ty = type_row(types, t);
+          if (ty != type_id) {
+            atomicAdd(dtype + int64_t(type_id) * hidden + c, type_sum);
+            type_id = ty, type_sum = 0.0f;
+          }
+          type_sum += g;
         }
-        type_sum += g;
       }
+      atomicAdd(dpos + pos_id * hidden + c, pos_sum);
       atomicAdd(dword + int64_t(word_id) * hidden + c, word_sum);
-      atomicAdd(dtype + int64_t(type_id) * hidden + c, type_sum);
+      if (dtype) atomicAdd(dtype + int64_t(type_id) * hidden + c, type_sum);
     }
+}
+
+// One thread per sequence: its running count of non-padding ids (sequences are short
+// and few beside the rest of a step).
+__global__ void position_ids_after_padding_kernel(const int32_t* ids, int32_t pad, int64_t rows, int seq,
+                                                  int32_t* out) {
+  for (int64_t r = cuda::grid_start(); r < rows; r += cuda::grid_stride()) {
+    int32_t count = 0;
+    for (int64_t t = r * seq; t < (r + 1) * seq; ++t) {
+      count += ids[t] != pad;
+      out[t] = ids[t] != pad ? pad + count : pad;
+    }
+  }
 }
 
 // Gather and scatter only move bits: U is the unit moved, int4 (16 bytes) for aligned
@@ -128,13 +165,13 @@ void with_row_unit(DType t, int64_t width, bool aligned, const char* op, F&& f) 
 
 }  // namespace
 
-void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
-                                    const Tensor& type, int seq, Tensor& out) {
+void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& positions,
+                                    const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out) {
   const int64_t tokens = ids.numel(), hidden = word.shape[1];
   if (tokens == 0 || hidden == 0) return;
   cuda::with_dtype(word.dtype, "embedding_forward", [&](auto e) {
     using T = decltype(e);
-    const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
+    const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>(), *pi = positions.ptr<int32_t>();
     const T *wp = word.ptr<T>(), *pp = pos.ptr<T>(), *typ = type.ptr<T>();
     T* op = out.ptr<T>();
     const bool vec = hidden % cuda::kVec<T> == 0 && cuda::aligned16(wp) && cuda::aligned16(pp) &&
@@ -142,16 +179,16 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& types, cons
     const int blocks = cuda::blocks_for_rows(tokens);
     if (vec)
       embedding_forward_kernel<T, cuda::kVec<T>>
-          <<<blocks, cuda::kThreads, 0, stream()>>>(ip, tp, wp, pp, typ, tokens, hidden, seq, op);
+          <<<blocks, cuda::kThreads, 0, stream()>>>(ip, tp, pi, wp, pp, typ, tokens, hidden, seq, op);
     else
-      embedding_forward_kernel<T, 1><<<blocks, cuda::kThreads, 0, stream()>>>(ip, tp, wp, pp, typ, tokens, hidden,
-                                                                              seq, op);
+      embedding_forward_kernel<T, 1>
+          <<<blocks, cuda::kThreads, 0, stream()>>>(ip, tp, pi, wp, pp, typ, tokens, hidden, seq, op);
     HONE_CUDA_LAUNCH_CHECK();
   });
 }
 
-void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
-                                     Tensor& dword, Tensor& dpos, Tensor& dtype) {
+void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types,
+                                     const Tensor& positions, int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) {
   const int64_t tokens = ids.numel(), hidden = dword.shape[1];
   if (tokens == 0 || hidden == 0) return;
   const int64_t chunks = (tokens + kTokenChunk - 1) / kTokenChunk;
@@ -159,11 +196,19 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, cons
                   unsigned(std::min<int64_t>(chunks, 65535)));
   cuda::with_dtype(dout.dtype, "embedding_backward", [&](auto e) {
     using T = decltype(e);
-    embedding_backward_kernel<<<grid, cuda::kThreads, 0, stream()>>>(dout.ptr<T>(), ids.ptr<int32_t>(),
-                                                                     types.ptr<int32_t>(), tokens, hidden, seq,
-                                                                     dword.f32(), dpos.f32(), dtype.f32());
+    embedding_backward_kernel<<<grid, cuda::kThreads, 0, stream()>>>(
+        dout.ptr<T>(), ids.ptr<int32_t>(), types.ptr<int32_t>(), positions.ptr<int32_t>(), tokens, hidden, seq,
+        dword.f32(), dpos.f32(), dtype.data ? dtype.f32() : nullptr);
     HONE_CUDA_LAUNCH_CHECK();
   });
+}
+
+void CudaBackend::position_ids_after_padding(const Tensor& ids, int32_t pad, int seq, Tensor& out) {
+  const int64_t rows = ids.numel() / seq;
+  if (rows == 0) return;
+  position_ids_after_padding_kernel<<<unsigned((rows + cuda::kThreads - 1) / cuda::kThreads), cuda::kThreads, 0,
+                                      stream()>>>(ids.ptr<int32_t>(), pad, rows, seq, out.ptr<int32_t>());
+  HONE_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) {

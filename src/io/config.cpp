@@ -179,23 +179,42 @@ void check_label2id(const json& v, std::vector<std::string>& id2label, bool have
 ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (!j.is_object()) fail("{}: a config must be a JSON object, got {}", source, j.type_name());
   ModelConfig c;
+  // No model_type: a BERT's (older BERT checkpoints lack it).
+  if (j.contains("model_type")) c.model_type = as_string(j.at("model_type"), source, "model_type");
+  const ModelFamily& family = find_family(c.model_type, source);
+  json fields = family.defaults;  // transformers' class defaults, then the file's fields
+  for (const auto& [key, v] : j.items()) fields[key] = v;
   const json* id2label = nullptr;
   const json* label2id = nullptr;
   bool have_num_labels = false;
-  for (const auto& [key, v] : j.items()) {
+  for (const auto& [file_key, v] : fields.items()) {
+    if (family.required.contains(file_key) && v != family.required.at(file_key))
+      fail("{}: {} {} is not supported (hone runs {} {})", source, file_key, v.dump(), file_key,
+           family.required.at(file_key).dump());
+    // The family's own name for a BertConfig field (DistilBERT's "dim"), under BERT's name.
+    std::string key = file_key;
+    for (const auto& [file, hone] : family.renamed_fields)
+      if (file == file_key) key = hone;
+    if (key == "model_type") continue;
+    if (std::ranges::find(family.absent_fields, key) != family.absent_fields.end()) {
+      c.extra[file_key] = v;  // the family has no such field: carried as it is
+      continue;
+    }
     auto is = [&key](const auto& field) { return key == field.key; };
     if (auto f = std::find_if(std::begin(kIntFields), std::end(kIntFields), is); f != std::end(kIntFields)) {
-      c.*(f->member) = as_int(v, source, key);
+      c.*(f->member) = as_int(v, source, file_key);
     } else if (auto g = std::find_if(std::begin(kFloatFields), std::end(kFloatFields), is); g != std::end(kFloatFields)) {
-      c.*(g->member) = as_float(v, source, key);
+      c.*(g->member) = as_float(v, source, file_key);
     } else if (auto s = std::find_if(std::begin(kStringFields), std::end(kStringFields), is); s != std::end(kStringFields)) {
-      c.*(s->member) = as_string(v, source, key);
+      c.*(s->member) = as_string(v, source, file_key);
+    } else if (key == "embedding_size" && !family.projection.empty()) {
+      c.embedding_size = as_int(v, source, key);
     } else if (key == "num_labels") {
       c.num_labels = as_int(v, source, key);
       check_range(source, key, c.num_labels, kNumLabels);  // before default_labels makes a name for each
       have_num_labels = true;
     } else if (key == "classifier_dropout") {
-      if (!v.is_null()) c.classifier_dropout = as_float(v, source, key);
+      if (!v.is_null()) c.classifier_dropout = as_float(v, source, file_key);
     } else if (key == "problem_type") {
       if (!v.is_null()) c.problem_type = as_string(v, source, key);
       if (!c.problem_type.empty() && !is_problem_type(c.problem_type))
@@ -206,7 +225,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     } else if (key == "label2id") {
       if (!v.is_null()) label2id = &v;  // transformers 5 writes null when it has none
     } else if (std::find(std::begin(kRewrittenFields), std::end(kRewrittenFields), key) == std::end(kRewrittenFields)) {
-      c.extra[key] = v;
+      c.extra[file_key] = v;
     }
   }
 
@@ -239,13 +258,18 @@ ModelConfig ModelConfig::load(const std::string& path) {
 }
 
 json ModelConfig::to_json() const {
+  const ModelFamily& f = family();
   json j = extra;  // the fields below take precedence over anything carried along
-  j["architectures"] = json::array({"BertForSequenceClassification"});
-  j["model_type"] = "bert";
-  for (const IntField& f : kIntFields) j[f.key] = this->*f.member;
-  for (const FloatField& f : kFloatFields) j[f.key] = shortest(this->*f.member);
-  for (const StringField& f : kStringFields) j[f.key] = this->*f.member;
-  j["classifier_dropout"] = classifier_dropout ? json(shortest(*classifier_dropout)) : json(nullptr);
+  j["architectures"] = json::array({f.architecture});
+  j["model_type"] = model_type;
+  auto put = [&](std::string_view name, json v) {
+    if (std::ranges::find(f.absent_fields, name) == f.absent_fields.end()) j[f.file_name(name)] = std::move(v);
+  };
+  for (const IntField& k : kIntFields) put(k.key, this->*k.member);
+  for (const FloatField& k : kFloatFields) put(k.key, shortest(this->*k.member));
+  for (const StringField& k : kStringFields) put(k.key, this->*k.member);
+  put("classifier_dropout", classifier_dropout ? json(shortest(*classifier_dropout)) : json(nullptr));
+  if (!f.projection.empty()) j["embedding_size"] = embedding_width();
   // num_labels is not written: transformers derives it from id2label.
   json ids = json::object(), labels = json::object();
   for (size_t i = 0; i < id2label.size(); ++i) {
@@ -265,11 +289,14 @@ void ModelConfig::save(const std::string& path) const {
 }
 
 void ModelConfig::validate(const std::string& source) const {
-  // Another architecture's config.json reads as a BERT's with defaults; its weights would not.
-  if (extra.contains("model_type") && extra.at("model_type") != "bert")
-    fail("{}: model_type {} is not one hone implements (hone has: \"bert\")", source, extra.at("model_type").dump());
-  for (const IntField& f : kIntFields) check_range(source, f.key, this->*f.member, f.range);
-  for (const FloatField& f : kFloatFields) check_range(source, f.key, this->*f.member, f.range);
+  const ModelFamily& family = find_family(model_type, source);
+  // Messages name the fields as the family's config.json does.
+  for (const IntField& f : kIntFields) check_range(source, family.file_name(f.key), this->*f.member, f.range);
+  for (const FloatField& f : kFloatFields) check_range(source, family.file_name(f.key), this->*f.member, f.range);
+  if (embedding_size < 0) fail("{}: embedding_size must be >= 1, got {}", source, embedding_size);
+  if (max_sequence_length() < 1)
+    fail("{}: max_position_embeddings ({}) leaves no position after the padding index pad_token_id ({})", source,
+         max_position_embeddings, pad_token_id);
   if (classifier_dropout) check_range(source, "classifier_dropout", *classifier_dropout, kProbability);
   check_range(source, "num_labels", num_labels, kNumLabels);
   if (hidden_size % num_attention_heads != 0)
@@ -278,9 +305,10 @@ void ModelConfig::validate(const std::string& source) const {
   if (pad_token_id >= vocab_size)
     fail("{}: pad_token_id ({}) must be a token id below vocab_size ({})", source, pad_token_id, vocab_size);
   // Counted in double, as ParamLayout lays them out, since int64 may overflow here.
-  const double H = hidden_size, I = intermediate_size;
+  const double H = hidden_size, I = intermediate_size, E = embedding_width();
   const double per_layer = 4 * (H * H + H) + (I * H + I) + (H * I + H) + 4 * H;
-  const double parameters = (double(vocab_size) + max_position_embeddings + type_vocab_size) * H + 2 * H +
+  const double parameters = (double(vocab_size) + max_position_embeddings + type_vocab_size) * E + 2 * E +
+                            E * H + H +
                             num_hidden_layers * per_layer + (H * H + H) + (num_labels * H + num_labels);
   if (parameters > kMaxParameters)
     fail("{}: vocab_size {}, hidden_size {}, num_hidden_layers {}, intermediate_size {}, max_position_embeddings {} "
@@ -301,6 +329,11 @@ void ModelConfig::validate(const std::string& source) const {
     fail("{}: problem_type '{}' is not one of regression, single_label_classification", source, problem_type);
 }
 
+int ModelConfig::max_sequence_length() const {
+  if (family().positions == PositionIds::AfterPadding) return max_position_embeddings - pad_token_id - 1;
+  return max_position_embeddings;
+}
+
 Activation ModelConfig::activation() const {
   if (hidden_act == "gelu") return Activation::Gelu;
   if (hidden_act == "gelu_new" || hidden_act == "gelu_pytorch_tanh") return Activation::GeluTanh;
@@ -317,17 +350,35 @@ namespace {
 
 struct Builtin {
   const char* name;
-  int layers, hidden, heads, intermediate;
+  const char* config;  // as the Hub checkpoint's config.json has it, less what is a default
 };
 const Builtin kBuiltins[] = {
-    {"bert-tiny", 2, 128, 2, 512},
-    {"bert-mini", 4, 256, 4, 1024},
-    {"bert-small", 4, 512, 8, 2048},
-    {"bert-medium", 8, 512, 8, 2048},
-    {"bert-base-uncased", 12, 768, 12, 3072},
-    {"bert-large-uncased", 24, 1024, 16, 4096},
+    {"bert-tiny", R"({"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512})"},
+    {"bert-mini", R"({"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024})"},
+    {"bert-small", R"({"num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048})"},
+    {"bert-medium", R"({"num_hidden_layers": 8, "hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 2048})"},
+    {"bert-base-uncased", "{}"},
+    {"bert-large-uncased",
+     R"({"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096})"},
+    {"roberta-base", R"({"model_type": "roberta", "max_position_embeddings": 514, "type_vocab_size": 1,
+                         "layer_norm_eps": 1e-5})"},
+    {"roberta-large", R"({"model_type": "roberta", "max_position_embeddings": 514, "type_vocab_size": 1,
+                          "layer_norm_eps": 1e-5, "num_hidden_layers": 24, "hidden_size": 1024,
+                          "num_attention_heads": 16, "intermediate_size": 4096})"},
+    {"xlm-roberta-base", R"({"model_type": "xlm-roberta", "vocab_size": 250002, "max_position_embeddings": 514,
+                             "type_vocab_size": 1, "layer_norm_eps": 1e-5})"},
+    {"xlm-roberta-large", R"({"model_type": "xlm-roberta", "vocab_size": 250002, "max_position_embeddings": 514,
+                              "type_vocab_size": 1, "layer_norm_eps": 1e-5, "num_hidden_layers": 24,
+                              "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 4096})"},
+    {"distilbert-base-uncased", R"({"model_type": "distilbert"})"},
+    {"electra-small-discriminator", R"({"model_type": "electra"})"},
+    {"electra-base-discriminator", R"({"model_type": "electra", "embedding_size": 768, "hidden_size": 768,
+                                       "num_attention_heads": 12, "intermediate_size": 3072})"},
+    {"electra-large-discriminator", R"({"model_type": "electra", "embedding_size": 1024, "hidden_size": 1024,
+                                        "num_hidden_layers": 24, "num_attention_heads": 16,
+                                        "intermediate_size": 4096})"},
 };
-// Hub names of the same models: the small ones are prajjwal1's conversions of Google's
+// Hub names of the same models: the small BERTs are prajjwal1's conversions of Google's
 // checkpoints, which Google publishes under the L/H/A names.
 const std::pair<const char*, const char*> kAliases[] = {
     {"google-bert/bert-base-uncased", "bert-base-uncased"},
@@ -340,6 +391,14 @@ const std::pair<const char*, const char*> kAliases[] = {
     {"google/bert_uncased_L-4_H-256_A-4", "bert-mini"},
     {"google/bert_uncased_L-4_H-512_A-8", "bert-small"},
     {"google/bert_uncased_L-8_H-512_A-8", "bert-medium"},
+    {"FacebookAI/roberta-base", "roberta-base"},
+    {"FacebookAI/roberta-large", "roberta-large"},
+    {"FacebookAI/xlm-roberta-base", "xlm-roberta-base"},
+    {"FacebookAI/xlm-roberta-large", "xlm-roberta-large"},
+    {"distilbert/distilbert-base-uncased", "distilbert-base-uncased"},
+    {"google/electra-small-discriminator", "electra-small-discriminator"},
+    {"google/electra-base-discriminator", "electra-base-discriminator"},
+    {"google/electra-large-discriminator", "electra-large-discriminator"},
 };
 
 }  // namespace
@@ -347,15 +406,8 @@ const std::pair<const char*, const char*> kAliases[] = {
 std::optional<ModelConfig> builtin_config(std::string_view name) {
   for (const auto& [alias, canonical] : kAliases)
     if (name == alias) name = canonical;
-  for (const Builtin& b : kBuiltins) {
-    if (name != b.name) continue;
-    ModelConfig c;  // the remaining fields keep transformers' defaults
-    c.num_hidden_layers = b.layers;
-    c.hidden_size = b.hidden;
-    c.num_attention_heads = b.heads;
-    c.intermediate_size = b.intermediate;
-    return c;
-  }
+  for (const Builtin& b : kBuiltins)
+    if (name == b.name) return ModelConfig::from_json(json::parse(b.config), fmt::format("built-in {}", b.name));
   return std::nullopt;
 }
 

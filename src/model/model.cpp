@@ -1,5 +1,6 @@
 #include "hone/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -10,36 +11,52 @@ namespace hone {
 // ---------------------------------------------------------------- layout
 
 ParamLayout::ParamLayout(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const ModelFamily& f = c.family();
+  const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_width();
   int group = 0;
-  auto add = [&](std::string name, Shape s, bool decay) { entries_.push_back({std::move(name), s, 0, decay, group}); };
+  auto add = [&](std::string name, Shape s, ParamKind kind, int64_t zero_row = -1) {
+    const bool decay = kind == ParamKind::Embedding || kind == ParamKind::Weight;
+    entries_.push_back({std::move(name), s, 0, decay, group, kind, zero_row});
+  };
   auto linear = [&](const std::string& p, int64_t out, int64_t in) {
-    add(p + ".weight", {out, in}, true);
-    add(p + ".bias", {out}, false);
+    add(p + ".weight", {out, in}, ParamKind::Weight);
+    add(p + ".bias", {out}, ParamKind::Bias);
   };
-  auto norm = [&](const std::string& p) {
-    add(p + ".weight", {H}, false);
-    add(p + ".bias", {H}, false);
+  auto norm = [&](const std::string& p, int64_t width) {
+    add(p + ".weight", {width}, ParamKind::NormWeight);
+    add(p + ".bias", {width}, ParamKind::NormBias);
   };
-  add("bert.embeddings.word_embeddings.weight", {c.vocab_size, H}, true);
-  add("bert.embeddings.position_embeddings.weight", {c.max_position_embeddings, H}, true);
-  add("bert.embeddings.token_type_embeddings.weight", {c.type_vocab_size, H}, true);
-  norm("bert.embeddings.LayerNorm");
+  // transformers' Embedding(padding_idx=pad_token_id): that row starts at zero.
+  const int64_t pad = c.pad_token_id;
+  const std::string emb = f.embeddings + ".";
+  auto position_table = [&] {
+    add(emb + "position_embeddings.weight", {c.max_position_embeddings, E}, ParamKind::Embedding,
+        f.positions == PositionIds::AfterPadding ? pad : -1);
+  };
+  add(emb + "word_embeddings.weight", {c.vocab_size, E}, ParamKind::Embedding, pad);
+  if (!f.position_table_last) position_table();
+  if (f.token_types) add(emb + "token_type_embeddings.weight", {c.type_vocab_size, E}, ParamKind::Embedding);
+  norm(emb + f.embedding_norm, E);
+  if (f.position_table_last) position_table();
+  if (c.projects_embeddings()) linear(f.projection, H, E);
+  const LayerNames& n = f.layer;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     group = 1 + l;
-    std::string p = fmt::format("bert.encoder.layer.{}.", l);
-    linear(p + "attention.self.query", H, H);
-    linear(p + "attention.self.key", H, H);
-    linear(p + "attention.self.value", H, H);
-    linear(p + "attention.output.dense", H, H);
-    norm(p + "attention.output.LayerNorm");
-    linear(p + "intermediate.dense", I, H);
-    linear(p + "output.dense", H, I);
-    norm(p + "output.LayerNorm");
+    const std::string p = fmt::format("{}.{}.", f.layer_prefix, l);
+    linear(p + n.query, H, H);
+    linear(p + n.key, H, H);
+    linear(p + n.value, H, H);
+    linear(p + n.attention_output, H, H);
+    norm(p + n.attention_norm, H);
+    linear(p + n.ffn_up, I, H);
+    linear(p + n.ffn_down, H, I);
+    norm(p + n.ffn_norm, H);
   }
   group = 1 + c.num_hidden_layers;
-  linear("bert.pooler.dense", H, H);
-  linear("classifier", c.num_labels, H);
+  const size_t encoder_entries = entries_.size();
+  linear(f.head.dense, H, H);
+  linear(f.head.out, c.num_labels, H);
+  if (f.head_first) std::rotate(entries_.begin(), entries_.begin() + encoder_entries, entries_.end());
   // Group by group; within a group the decayed parameters first, each in transformers' order.
   groups_.resize(size_t(group + 1));
   for (int k = 0; k <= group; ++k) {
@@ -72,32 +89,35 @@ const ParamEntry& ParamLayout::at(const std::string& name) const {
 // ---------------------------------------------------------------- model
 
 SequenceClassifier::SequenceClassifier(const ModelConfig& c)
-    : cfg_(c), regression_(c.resolved_problem_type() == "regression"), layout_(c) {
+    : cfg_(c), regression_(c.resolved_problem_type() == "regression"), layout_(c), family_(&c.family()) {
   HONE_CHECK(3 * c.num_hidden_layers + 2 < (1 << kDropoutSiteBits), "too many layers for the dropout stream layout");
+  const ModelFamily& f = *family_;
   auto e = [&](const std::string& n) { return &layout_.at(n); };
   auto linear = [&](const std::string& p) { return Linear{e(p + ".weight"), e(p + ".bias")}; };
   auto norm = [&](const std::string& p) { return Norm{e(p + ".weight"), e(p + ".bias")}; };
-  word_ = e("bert.embeddings.word_embeddings.weight");
-  pos_ = e("bert.embeddings.position_embeddings.weight");
-  type_ = e("bert.embeddings.token_type_embeddings.weight");
-  emb_ln_ = norm("bert.embeddings.LayerNorm");
+  word_ = e(f.embeddings + ".word_embeddings.weight");
+  pos_ = e(f.embeddings + ".position_embeddings.weight");
+  type_ = f.token_types ? e(f.embeddings + ".token_type_embeddings.weight") : nullptr;
+  emb_ln_ = norm(f.embeddings + "." + f.embedding_norm);
+  if (c.projects_embeddings()) projection_ = linear(f.projection);
   const int64_t H = c.hidden_size;
+  const LayerNames& n = f.layer;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    const std::string p = fmt::format("{}.{}.", f.layer_prefix, l);
     Layer L;
-    L.qkv = linear(p + "attention.self.query");  // key and value follow in memory
-    HONE_CHECK(e(p + "attention.self.value.weight")->offset == L.qkv.w->offset + 2 * H * H &&
-                   e(p + "attention.self.value.bias")->offset == L.qkv.b->offset + 2 * H,
+    L.qkv = linear(p + n.query);  // key and value follow in memory
+    HONE_CHECK(e(p + n.value + ".weight")->offset == L.qkv.w->offset + 2 * H * H &&
+                   e(p + n.value + ".bias")->offset == L.qkv.b->offset + 2 * H,
                "query, key and value are not adjacent");
-    L.attn_out = linear(p + "attention.output.dense");
-    L.ln1 = norm(p + "attention.output.LayerNorm");
-    L.ffn_up = linear(p + "intermediate.dense");
-    L.ffn_down = linear(p + "output.dense");
-    L.ln2 = norm(p + "output.LayerNorm");
+    L.attn_out = linear(p + n.attention_output);
+    L.ln1 = norm(p + n.attention_norm);
+    L.ffn_up = linear(p + n.ffn_up);
+    L.ffn_down = linear(p + n.ffn_down);
+    L.ln2 = norm(p + n.ffn_norm);
     layers_.push_back(L);
   }
-  pooler_ = linear("bert.pooler.dense");
-  classifier_ = linear("classifier");
+  head_dense_ = linear(f.head.dense);
+  head_out_ = linear(f.head.out);
   saved_.resize(c.num_hidden_layers);
 }
 
@@ -171,9 +191,10 @@ Tensor SequenceClassifier::slice(const Tensor& flat, int64_t offset, Shape s) {
 
 double SequenceClassifier::training_flops(int batch, int seq) const {
   const double H = cfg_.hidden_size, I = cfg_.intermediate_size, L = cfg_.num_hidden_layers, S = seq;
+  const double E = cfg_.embedding_width();
   const double tokens = double(batch) * seq;
-  const double per_token = L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H);
-  const double per_sequence = 2 * (H * H + H * cfg_.num_labels);  // pooler and classifier
+  const double per_token = L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + (projection_.w ? 2 * E * H : 0);
+  const double per_sequence = 2 * (H * H + H * cfg_.num_labels);  // the head's dense and output layers
   return 3 * (tokens * per_token + batch * per_sequence);
 }
 
@@ -183,9 +204,15 @@ DropoutSpec SequenceClassifier::dropout(const DropoutState& d, float p, int site
   return {p, d.seed, uint64_t(site), d.step_counter};
 }
 
-// Dropout call sites: 0 embeddings, 1 + 3l + k for layer l, 3L + 1 classifier.
+// Dropout call sites: 0 embeddings, 1 + 3l + k for layer l, 3L + 1 and 3L + 2 the head.
 DropoutSpec SequenceClassifier::layer_dropout(const DropoutState& d, int l, int k) const {
-  return dropout(d, k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob, 1 + 3 * l + k);
+  float p = k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob;
+  if (k == 1 && !family_->attention_output_dropout) p = 0.0f;
+  return dropout(d, p, 1 + 3 * l + k);
+}
+
+DropoutSpec SequenceClassifier::head_dropout(const DropoutState& d, int k) const {
+  return dropout(d, cfg_.effective_classifier_dropout(), 3 * cfg_.num_hidden_layers + 1 + k);
 }
 
 SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch,
@@ -292,31 +319,40 @@ Tensor SequenceClassifier::recompute_layernorm(Backend& be, BufferSource& mem, c
   return y;
 }
 
-SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, BufferSource& mem,
-                                                                                     const Pass& p,
-                                                                                     bool keep_for_backward,
-                                                                                     float* hidden_out) {
+SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, BufferSource& mem, const Pass& p,
+                                                               bool keep_for_backward, float* hidden_out) {
   const int B = p.batch.batch, S = p.batch.seq, L = cfg_.num_hidden_layers;
-  const int64_t T = p.tokens, H = cfg_.hidden_size, C = cfg_.num_labels;
+  const int64_t T = p.tokens, H = cfg_.hidden_size, C = cfg_.num_labels, E = cfg_.embedding_width();
   SavedHead h;
-  h.emb_sum = activation(mem, "embeddings_sum", -1, {T, H});
+  if (family_->positions == PositionIds::AfterPadding) {  // in the padded layout, as the ids
+    h.positions = mem.take(Category::Activations, "position_ids", -1, DType::I32, {int64_t(B) * S});
+    ops::position_ids_after_padding(be, p.batch.input_ids, cfg_.pad_token_id, S, h.positions);
+  }
+  const Tensor types = token_types(p.batch), type_table = type_ ? w(type_) : Tensor{};
+  h.emb_sum = activation(mem, "embeddings_sum", -1, {T, E});
   h.emb_mean = row_stats(mem, "embeddings_ln_mean", -1, {T});
   h.emb_rstd = row_stats(mem, "embeddings_ln_rstd", -1, {T});
-  h.emb_out = activation(mem, "embeddings_out", -1, {T, H});
   const bool packed = p.batch.tokens > 0;
   if (packed) {  // embedded in the padded layout (positions are columns there), then packed
-    Tensor padded = scratch(mem, "embeddings_padded", {int64_t(B) * S, H});
-    ops::embedding_forward(be, p.batch.input_ids, p.batch.token_type_ids, w(word_), w(pos_), w(type_), S, padded);
+    Tensor padded = scratch(mem, "embeddings_padded", {int64_t(B) * S, E});
+    ops::embedding_forward(be, p.batch.input_ids, types, h.positions, w(word_), w(pos_), type_table, S, padded);
     ops::gather_rows(be, padded, p.batch.packed_rows, h.emb_sum);
     mem.release(padded);
   } else {
-    ops::embedding_forward(be, p.batch.input_ids, p.batch.token_type_ids, w(word_), w(pos_), w(type_), S, h.emb_sum);
+    ops::embedding_forward(be, p.batch.input_ids, types, h.positions, w(word_), w(pos_), type_table, S, h.emb_sum);
   }
-  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), cfg_.layer_norm_eps, h.emb_out, h.emb_mean,
+  Tensor& normed = projection_.w ? h.emb_norm : h.emb_out;
+  normed = activation(mem, projection_.w ? "embeddings_norm" : "embeddings_out", -1, {T, E});
+  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), cfg_.layer_norm_eps, normed, h.emb_mean,
                          h.emb_rstd);
-  ops::dropout(be, h.emb_out, dropout(p.drop, cfg_.hidden_dropout_prob, 0), h.emb_out);
+  ops::dropout(be, normed, dropout(p.drop, cfg_.hidden_dropout_prob, 0), normed);
+  if (projection_.w) {  // ELECTRA: embedding_size -> hidden_size
+    h.emb_out = activation(mem, "embeddings_out", -1, {T, H});
+    const Tensor proj_b = w(projection_.b);
+    ops::linear_forward(be, h.emb_norm, w(projection_.w), &proj_b, h.emb_out);
+  }
   if (!keep_for_backward)
-    for (const Tensor& t : {h.emb_sum, h.emb_mean, h.emb_rstd}) mem.release(t);
+    for (const Tensor* t : {&h.positions, &h.emb_sum, &h.emb_mean, &h.emb_rstd, &h.emb_norm}) release_if_taken(mem, *t);
 
   for (int l = 0; l < L; ++l) {
     const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
@@ -335,19 +371,58 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   // Nothing in backward reads the last layer's output (in training the embeddings' output
   // stays for the first layer's backward).
   if (L > 0 || !keep_for_backward) mem.release(last);
-  h.pooled = activation(mem, "pooled", -1, {B, H});
-  const Tensor pool_b = w(pooler_.b), cls_b = w(classifier_.b);
-  ops::linear_forward(be, h.cls_tok, w(pooler_.w), &pool_b, h.pooled);
-  ops::tanh_forward(be, h.pooled, h.pooled);
+  head_forward(be, mem, p, h);
   h.cls_in = activation(mem, "classifier_in", -1, {B, H});
-  ops::dropout(be, h.pooled, dropout(p.drop, cfg_.effective_classifier_dropout(), 3 * L + 1), h.cls_in);
+  ops::dropout(be, h.pooled, head_dropout(p.drop, 0), h.cls_in);
   h.logits = scratch(mem, "logits", {B, C});
-  ops::linear_forward(be, h.cls_in, w(classifier_.w), &cls_b, h.logits);
+  const Tensor out_b = w(head_out_.b);
+  ops::linear_forward(be, h.cls_in, w(head_out_.w), &out_b, h.logits);
   return h;
 }
 
+void SequenceClassifier::head_forward(Backend& be, BufferSource& mem, const Pass& p, SavedHead& h) {
+  const int64_t B = p.batch.batch, H = cfg_.hidden_size;
+  const HeadSpec& spec = family_->head;
+  h.head_in = h.cls_tok;
+  if (spec.dropout_first) {
+    h.head_in = activation(mem, "head_in", -1, {B, H});
+    ops::dropout(be, h.cls_tok, head_dropout(p.drop, 1), h.head_in);
+  }
+  const Tensor dense_b = w(head_dense_.b);
+  h.pooled = activation(mem, "pooled", -1, {B, H});
+  if (spec.activation == HeadActivation::Tanh) {
+    ops::linear_forward(be, h.head_in, w(head_dense_.w), &dense_b, h.pooled);
+    ops::tanh_forward(be, h.pooled, h.pooled);
+    return;
+  }
+  h.head_pre = activation(mem, "head_preactivation", -1, {B, H});
+  ops::linear_forward(be, h.head_in, w(head_dense_.w), &dense_b, h.head_pre);
+  ops::activation_forward(be, spec.activation == HeadActivation::Gelu ? Activation::Gelu : Activation::Relu,
+                          h.head_pre, h.pooled);
+}
+
+void SequenceClassifier::head_backward(Backend& be, BufferSource& mem, const Pass& p, SavedHead& h,
+                                       Tensor& d_pooled, Tensor& d_tok) {
+  const HeadSpec& spec = family_->head;
+  if (spec.activation == HeadActivation::Tanh) {
+    ops::tanh_backward(be, d_pooled, h.pooled, d_pooled);
+  } else {
+    ops::activation_backward(be, spec.activation == HeadActivation::Gelu ? Activation::Gelu : Activation::Relu,
+                             d_pooled, h.head_pre, d_pooled);
+    mem.release(h.head_pre);
+  }
+  mem.release(h.pooled);
+  Tensor gdense_w = g(head_dense_.w), gdense_b = g(head_dense_.b);
+  ops::linear_backward(be, d_pooled, h.head_in, w(head_dense_.w), &d_tok, false, gdense_w, &gdense_b);
+  if (spec.dropout_first) {
+    mem.release(h.head_in);
+    ops::dropout(be, d_tok, head_dropout(p.drop, 1), d_tok);
+  }
+  mem.release(h.cls_tok);
+}
+
 void SequenceClassifier::forward(Backend& be, BufferSource& mem, const BatchTensors& batch,
-                                            const ForwardOutputs& out) {
+                                 const ForwardOutputs& out) {
   const DropoutState off{0, false};
   SavedHead h = run_forward(be, mem, pass(batch, off), false, out.last_hidden_state);
   if (!be.dry_run) {
@@ -358,45 +433,38 @@ void SequenceClassifier::forward(Backend& be, BufferSource& mem, const BatchTens
     Tensor to = out.logits_copy->rows(0, h.logits.shape[0]);
     ops::copy(be, h.logits, to);
   }
-  for (const Tensor& t : {h.cls_tok, h.pooled, h.cls_in, h.logits}) mem.release(t);
+  for (const Tensor* t : {&h.cls_tok, &h.head_pre, &h.pooled, &h.cls_in, &h.logits}) release_if_taken(mem, *t);
+  if (family_->head.dropout_first) mem.release(h.head_in);
 }
 
 void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const BatchTensors& batch,
-                                                     const DropoutState& drop, float grad_scale,
-                                                     const Tensor* loss_scale, Tensor& loss, float* logits_out) {
+                                          const DropoutState& drop, float grad_scale, const Tensor* loss_scale,
+                                          Tensor& loss, float* logits_out) {
   const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
-  const int64_t H = cfg_.hidden_size, C = cfg_.num_labels;
+  const int64_t H = cfg_.hidden_size, C = cfg_.num_labels, E = cfg_.embedding_width();
   const Pass p = pass(batch, drop);
-  const DropoutSpec emb_drop = dropout(drop, cfg_.hidden_dropout_prob, 0);
-  const DropoutSpec cls_drop = dropout(drop, cfg_.effective_classifier_dropout(), 3 * L + 1);
 
   SavedHead h = run_forward(be, mem, p, true, nullptr);
-  Tensor &emb_sum = h.emb_sum, &emb_mean = h.emb_mean, &emb_rstd = h.emb_rstd, &emb_out = h.emb_out,
-         &cls_tok = h.cls_tok, &pooled = h.pooled, &cls_in = h.cls_in, &logits = h.logits;
-  if (logits_out && !be.dry_run) be.read(logits, logits_out, size_t(B * C));
+  if (logits_out && !be.dry_run) be.read(h.logits, logits_out, size_t(B * C));
   Tensor dlogits = scratch(mem, "logits_grad", {B, C});
   if (regression_)
-    ops::mse(be, logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
+    ops::mse(be, h.logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
   else
-    ops::cross_entropy(be, logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
-  mem.release(logits);
+    ops::cross_entropy(be, h.logits, batch.labels, grad_scale, loss_scale, loss, dlogits);
+  mem.release(h.logits);
   be.mark(StepSpan::Backward);
 
   // ---------------- backward
   take_grads(be, mem, L + 1);
-  Tensor gcls_w = g(classifier_.w), gcls_b = g(classifier_.b), gpool_b = g(pooler_.b);
-  Tensor d_cls = scratch(mem, "classifier_in_grad", {B, H});
-  ops::linear_backward(be, dlogits, cls_in, w(classifier_.w), &d_cls, false, gcls_w, &gcls_b);
+  Tensor gout_w = g(head_out_.w), gout_b = g(head_out_.b);
+  Tensor d_pooled = scratch(mem, "classifier_in_grad", {B, H});
+  ops::linear_backward(be, dlogits, h.cls_in, w(head_out_.w), &d_pooled, false, gout_w, &gout_b);
   mem.release(dlogits);
-  mem.release(cls_in);
-  ops::dropout(be, d_cls, cls_drop, d_cls);
-  ops::tanh_backward(be, d_cls, pooled, d_cls);
-  mem.release(pooled);
+  mem.release(h.cls_in);
+  ops::dropout(be, d_pooled, head_dropout(drop, 0), d_pooled);
   Tensor d_tok = scratch(mem, "cls_token_grad", {B, H});
-  Tensor gpool_w = g(pooler_.w);
-  ops::linear_backward(be, d_cls, cls_tok, w(pooler_.w), &d_tok, false, gpool_w, &gpool_b);
-  mem.release(d_cls);
-  mem.release(cls_tok);
+  head_backward(be, mem, p, h, d_pooled, d_tok);
+  mem.release(d_pooled);
   Tensor dh = scratch(mem, "hidden_grad", {p.tokens, H});  // gradient flowing down the layers
   ops::scatter_first_tokens(be, d_tok, S, dh);
   mem.release(d_tok);
@@ -404,22 +472,32 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   group_grads_done(be, mem, L + 1);
 
   for (int l = L - 1; l >= 0; --l) {
-    layer_backward(be, mem, p, l, l == 0 ? emb_out : saved_[l - 1].out, dh);
+    layer_backward(be, mem, p, l, l == 0 ? h.emb_out : saved_[l - 1].out, dh);
     group_grads_done(be, mem, 1 + l);
   }
 
-  // emb_out = dropout(LN(emb_sum))
+  // emb_out = dropout(LN(emb_sum)), projected by ELECTRA
   take_grads(be, mem, 0);
-  Tensor gemb_g = g(emb_ln_.g), gemb_b = g(emb_ln_.b), gword = g(word_), gpos = g(pos_), gtype = g(type_);
-  ops::dropout(be, dh, emb_drop, dh);
-  Tensor d_emb = scratch(mem, "embeddings_grad", {p.tokens, H});
-  ops::layernorm_backward(be, dh, emb_sum, w(emb_ln_.g), emb_mean, emb_rstd, d_emb, gemb_g, gemb_b);
+  Tensor gemb_g = g(emb_ln_.g), gemb_b = g(emb_ln_.b), gword = g(word_), gpos = g(pos_);
+  Tensor gtype = type_ ? g(type_) : Tensor{};
+  if (projection_.w) {
+    Tensor d_norm = scratch(mem, "embeddings_norm_grad", {p.tokens, E});
+    Tensor gproj_w = g(projection_.w), gproj_b = g(projection_.b);
+    ops::linear_backward(be, dh, h.emb_norm, w(projection_.w), &d_norm, false, gproj_w, &gproj_b);
+    mem.release(dh);
+    mem.release(h.emb_norm);
+    dh = d_norm;
+  }
+  ops::dropout(be, dh, dropout(drop, cfg_.hidden_dropout_prob, 0), dh);
+  Tensor d_emb = scratch(mem, "embeddings_grad", {p.tokens, E});
+  ops::layernorm_backward(be, dh, h.emb_sum, w(emb_ln_.g), h.emb_mean, h.emb_rstd, d_emb, gemb_g, gemb_b);
   mem.release(dh);
-  mem.release(emb_sum);
-  mem.release(emb_mean);
-  mem.release(emb_rstd);
-  ops::embedding_backward(be, d_emb, batch.input_ids, batch.token_type_ids, S, gword, gpos, gtype);
+  mem.release(h.emb_sum);
+  mem.release(h.emb_mean);
+  mem.release(h.emb_rstd);
+  ops::embedding_backward(be, d_emb, batch.input_ids, token_types(batch), h.positions, S, gword, gpos, gtype);
   mem.release(d_emb);
+  release_if_taken(mem, h.positions);
   group_grads_done(be, mem, 0);
 }
 

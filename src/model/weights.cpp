@@ -39,9 +39,10 @@ void init_entry(const ModelConfig& c, const ParamEntry& e, size_t index, float* 
 }
 
 // What transformers initialises anew when it loads an encoder for sequence
-// classification: the classifier, and the pooler, which checkpoints saved without one lack.
-bool is_task_head(const std::string& name) {
-  return name.starts_with("classifier.") || name.starts_with("bert.pooler.");
+// classification: the head (BERT's pooler, which checkpoints saved without one lack, and
+// the classifier; the other families' classification heads).
+bool is_task_head(const ParamEntry& e, const ParamLayout& layout) {
+  return e.group == int(layout.groups().size()) - 1;
 }
 
 // 'a', 'b', 'c' and the count of the rest: a list of names short enough for a message.
@@ -58,13 +59,16 @@ std::string value_name(float v) {
   return v > 0 ? "+inf" : "-inf";
 }
 
-// The parameter a checkpoint tensor name refers to, or "" if none.
-std::string canonical_name(const std::string& file_name, const ParamLayout& layout) {
+// The parameter a checkpoint tensor name refers to, or "" if none: the name itself, the
+// name without the encoder's prefix (a BertModel or RobertaModel checkpoint), or the
+// legacy LayerNorm gamma/beta.
+std::string canonical_name(const std::string& file_name, const ModelConfig& c, const ParamLayout& layout) {
   std::string n = file_name;
   if (ends_with(n, ".gamma")) n = n.substr(0, n.size() - 6) + ".weight";
   if (ends_with(n, ".beta")) n = n.substr(0, n.size() - 5) + ".bias";
   if (layout.find(n)) return n;
-  if (layout.find("bert." + n)) return "bert." + n;
+  const std::string prefixed = c.family().base + "." + n;
+  if (layout.find(prefixed)) return prefixed;
   return "";
 }
 
@@ -83,29 +87,32 @@ bool same_shape(const SafetensorsEntry& t, const ParamEntry& e) {
 }
 
 [[noreturn]] void fail_absent(const std::string& path, const std::vector<std::string>& absent, size_t encoder_tensors,
-                              const std::vector<std::string>& unused) {
-  fail("{}: lacks {} of the model's {} embedding and encoder tensors ({}){}; hone initialises only the pooler and "
-       "the classifier anew (is it a BERT checkpoint, and does its config.json describe it?)",
+                              const std::vector<std::string>& unused, const std::string& model_type) {
+  fail("{}: lacks {} of the model's {} embedding and encoder tensors ({}){}; hone initialises only the "
+       "classification head anew (is it a {} checkpoint, and does its config.json describe it?)",
        path, absent.size(), encoder_tensors, first_names(absent),
        unused.empty() ? "" : fmt::format(", and has {} tensors the model does not use ({})", unused.size(),
-                                         first_names(unused)));
+                                         first_names(unused)),
+       model_type);
 }
 
 }  // namespace
 
 ParamInit param_init(const ModelConfig& c, const ParamEntry& e, size_t index) {
   ParamInit init;
-  if (e.name.find("LayerNorm") != std::string::npos) {
-    init.value = ends_with(e.name, ".weight") ? 1.0f : 0.0f;
-    return init;
+  switch (e.kind) {
+    case ParamKind::NormWeight: init.value = 1.0f; return init;
+    case ParamKind::NormBias:
+    case ParamKind::Bias: return init;
+    case ParamKind::Embedding:
+    case ParamKind::Weight: break;
   }
-  if (ends_with(e.name, ".bias")) return init;
   init.normal = true;
   init.value = c.initializer_range;
   init.stream = kInitStream | index;
-  if (e.name == "bert.embeddings.word_embeddings.weight" && c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size) {
-    init.zero_begin = int64_t(c.pad_token_id) * c.hidden_size;
-    init.zero_end = init.zero_begin + c.hidden_size;
+  if (e.zero_row >= 0 && e.zero_row < e.shape[0]) {
+    init.zero_begin = e.zero_row * e.shape[1];
+    init.zero_end = init.zero_begin + e.shape[1];
   }
   return init;
 }
@@ -124,7 +131,7 @@ LoadReport load_weights(const std::string& path, const ModelConfig& c, const Par
   LoadReport report;
   std::set<std::string> loaded;
   for (const SafetensorsEntry& t : file.entries()) {
-    std::string name = canonical_name(t.name, layout);
+    std::string name = canonical_name(t.name, c, layout);
     if (name.empty()) {
       // Buffers that older checkpoints carry are not parameters; everything else is reported.
       if (!ends_with(t.name, "position_ids")) report.unused.push_back(t.name);
@@ -147,13 +154,13 @@ LoadReport load_weights(const std::string& path, const ModelConfig& c, const Par
   std::vector<std::string> absent;  // encoder parameters the file has under no name, in no shape
   size_t encoder_tensors = 0;
   for (const auto& e : layout.entries()) {
-    const bool head = is_task_head(e.name);
+    const bool head = is_task_head(e, layout);
     encoder_tensors += !head;
     if (loaded.count(e.name)) continue;
     report.initialized.push_back(e.name);
     if (!head && std::ranges::find(report.mismatched, e.name) == report.mismatched.end()) absent.push_back(e.name);
   }
-  if (!absent.empty()) fail_absent(path, absent, encoder_tensors, report.unused);
+  if (!absent.empty()) fail_absent(path, absent, encoder_tensors, report.unused, c.model_type);
   if (!report.initialized.empty()) init_weights(c, layout, weights, seed, report.initialized);
   return report;
 }
@@ -165,7 +172,7 @@ void check_weights_fit(const std::string& path, const ModelConfig& c, bool ignor
   std::set<std::string> found;
   std::vector<std::string> unused;
   for (const SafetensorsEntry& t : file.entries()) {
-    const std::string name = canonical_name(t.name, layout);
+    const std::string name = canonical_name(t.name, c, layout);
     if (name.empty()) {
       if (!ends_with(t.name, "position_ids")) unused.push_back(t.name);
       continue;
@@ -176,11 +183,11 @@ void check_weights_fit(const std::string& path, const ModelConfig& c, bool ignor
   std::vector<std::string> absent;
   size_t encoder_tensors = 0;
   for (const auto& e : layout.entries()) {
-    if (is_task_head(e.name)) continue;
+    if (is_task_head(e, layout)) continue;
     ++encoder_tensors;
     if (!found.count(e.name)) absent.push_back(e.name);
   }
-  if (!absent.empty()) fail_absent(path, absent, encoder_tensors, unused);
+  if (!absent.empty()) fail_absent(path, absent, encoder_tensors, unused, c.model_type);
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// BERT embeddings (word + position + token type) and the [CLS] row gather/scatter.
+// Embeddings (word + position + token type) and the first-token row gather/scatter.
 #include <algorithm>
 #include <cstring>
 
@@ -12,13 +12,15 @@ namespace ops {
 
 namespace {
 
-// Checks ids/types and the three tables; returns the hidden size.
-// The tables have dtype `table`: the compute dtype's weights, or F32 gradients.
-int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, int seq, DType table,
-                        const Tensor& word, const char* word_name, const Tensor& pos, const char* pos_name,
-                        const Tensor& type, const char* type_name) {
+// Checks ids, types and positions (each I32 [B*S], or empty) and the tables (type may be
+// empty); returns the embedding width. The tables have dtype `table`: the compute dtype's
+// weights, or F32 gradients.
+int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, const Tensor& positions, int seq,
+                        DType table, const Tensor& word, const char* word_name, const Tensor& pos,
+                        const char* pos_name, const Tensor& type, const char* type_name) {
   detail::expect_dtype(op, "ids", ids, DType::I32);
-  detail::expect(op, "types", types, DType::I32, ids.shape);
+  if (types.data) detail::expect(op, "types", types, DType::I32, ids.shape);
+  if (positions.data) detail::expect(op, "positions", positions, DType::I32, ids.shape);
   if (seq <= 0 || ids.numel() % seq != 0)
     fail("{}: ids has {} tokens, not a whole number of sequences of {}", op, ids.numel(), seq);
   detail::expect_dtype(op, word_name, word, table);
@@ -26,8 +28,13 @@ int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, 
   const int64_t hidden = word.shape[1];
   detail::expect_dtype(op, pos_name, pos, table);
   detail::expect_rank(op, pos_name, pos, 2);
-  if (pos.shape[0] < seq || pos.shape[1] != hidden)
+  // Positions given are checked against the table where they are read.
+  if ((!positions.data && pos.shape[0] < seq) || pos.shape[1] != hidden)
     fail("{}: {} has shape {}, expected [>= {}, {}]", op, pos_name, pos.shape.str(), seq, hidden);
+  if (!type.data) {
+    if (types.data) fail("{}: token types given without a {} table", op, type_name);
+    return hidden;
+  }
   detail::expect_dtype(op, type_name, type, table);
   detail::expect_rank(op, type_name, type, 2);
   if (type.shape[1] != hidden)
@@ -47,31 +54,44 @@ void check_first_tokens(Backend& be, const char* op, const Tensor& full, const c
 
 }  // namespace
 
-void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
-                       const Tensor& type, int seq, Tensor& out) {
+void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& positions,
+                       const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out) {
   detail::expect_compute(be, "embedding_forward", "out", out);
-  const int64_t hidden =
-      check_embedding("embedding_forward", ids, types, seq, out.dtype, word, "word", pos, "pos", type, "type");
+  const int64_t hidden = check_embedding("embedding_forward", ids, types, positions, seq, out.dtype, word, "word",
+                                         pos, "pos", type, "type");
   detail::expect_shape("embedding_forward", "out", out, {ids.numel(), hidden});
   if (be.dry_run) return;
-  // Three rows gathered per token, summed into one.
-  detail::OpScope scope(be, "embedding_forward", OpClass::Elementwise, {0, detail::bytes(ids, types, out, out, out, out)});
-  be.embedding_forward(ids, types, word, pos, type, seq, out);
+  // Two or three rows gathered per token, summed into one.
+  const double rows = type.data ? 4 : 3;
+  detail::OpScope scope(be, "embedding_forward", OpClass::Elementwise,
+                        {0, detail::bytes(ids, types, positions) + rows * double(out.bytes())});
+  be.embedding_forward(ids, types, positions, word, pos, type, seq, out);
 }
 
-void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
-                        Tensor& dword, Tensor& dpos, Tensor& dtype) {
-  const int64_t hidden =
-      check_embedding("embedding_backward", ids, types, seq, DType::F32, dword, "dword", dpos, "dpos", dtype, "dtype");
+void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types,
+                        const Tensor& positions, int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) {
+  const int64_t hidden = check_embedding("embedding_backward", ids, types, positions, seq, DType::F32, dword,
+                                         "dword", dpos, "dpos", dtype, "dtype");
   detail::expect_compute(be, "embedding_backward", "dout", dout);
   detail::expect_shape("embedding_backward", "dout", dout, {ids.numel(), hidden});
   if (be.dry_run) return;
   // Each token's gradient is added into its word's F32 row (read and written); the position
   // and type rows, which every sequence shares, are read and written once.
   detail::OpScope scope(be, "embedding_backward", OpClass::Elementwise,
-                        {0, detail::bytes(dout, ids, types, dpos, dpos, dtype, dtype) +
+                        {0, detail::bytes(dout, ids, types, positions, dpos, dpos, dtype, dtype) +
                                 2.0 * double(dout.numel()) * sizeof(float)});
-  be.embedding_backward(dout, ids, types, seq, dword, dpos, dtype);
+  be.embedding_backward(dout, ids, types, positions, seq, dword, dpos, dtype);
+}
+
+void position_ids_after_padding(Backend& be, const Tensor& ids, int32_t pad, int seq, Tensor& out) {
+  const char* op = "position_ids_after_padding";
+  detail::expect_dtype(op, "ids", ids, DType::I32);
+  detail::expect(op, "out", out, DType::I32, ids.shape);
+  if (seq <= 0 || ids.numel() % seq != 0)
+    fail("{}: ids has {} tokens, not a whole number of sequences of {}", op, ids.numel(), seq);
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Elementwise, {0, detail::bytes(ids, out)});
+  be.position_ids_after_padding(ids, pad, seq, out);
 }
 
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out) {
@@ -106,57 +126,90 @@ void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst
 namespace {
 
 // Ids come from user data, so they are checked before any table is indexed.
-void check_ids(const Tensor& ids, const Tensor& types, int64_t vocab, int64_t type_vocab) {
-  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
+void check_ids(const Tensor& ids, const Tensor& types, const Tensor& positions, int64_t vocab, int64_t type_vocab,
+               int64_t max_positions) {
+  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>(), *pp = positions.ptr<int32_t>();
   for (int64_t t = 0; t < ids.numel(); ++t) {
     if (ip[t] < 0 || ip[t] >= vocab)
       fail("token id {} at position {} is out of range for a vocabulary of {}", ip[t], t, vocab);
-    if (tp[t] < 0 || tp[t] >= type_vocab)
+    if (tp && (tp[t] < 0 || tp[t] >= type_vocab))
       fail("token type {} at position {} is out of range for {} token types", tp[t], t, type_vocab);
+    if (pp && (pp[t] < 0 || pp[t] >= max_positions))
+      fail("position id {} at token {} is out of range for {} position embeddings", pp[t], t, max_positions);
   }
+}
+
+// The embedding rows of token t: position and type (-1: no type term).
+struct TokenRows {
+  int64_t position, type;
+};
+TokenRows token_rows(const Tensor& types, const Tensor& positions, const Tensor& type, int64_t t, int seq) {
+  const int32_t *tp = types.ptr<int32_t>(), *pp = positions.ptr<int32_t>();
+  return {pp ? pp[t] : t % seq, !type.data ? -1 : tp ? tp[t] : 0};
 }
 
 }  // namespace
 
-void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& word, const Tensor& pos,
-                                   const Tensor& type, int seq, Tensor& out) {
-  check_ids(ids, types, word.shape[0], type.shape[0]);
+void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& positions,
+                                   const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out) {
+  check_ids(ids, types, positions, word.shape[0], type.data ? type.shape[0] : 1, pos.shape[0]);
   const int64_t tokens = ids.numel(), hidden = word.shape[1];
-  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
-  const float *wp = word.f32(), *pp = pos.f32(), *typ = type.f32();
+  const int32_t* ip = ids.ptr<int32_t>();
+  const float *wp = word.f32(), *pp = pos.f32(), *typ = type.data ? type.f32() : nullptr;
   float* op = out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
+    const TokenRows r = token_rows(types, positions, type, t, seq);
     const float* w = wp + ip[t] * hidden;
-    const float* p = pp + (t % seq) * hidden;
-    const float* ty = typ + tp[t] * hidden;
+    const float* p = pp + r.position * hidden;
     float* o = op + t * hidden;
-    for (int64_t c = 0; c < hidden; ++c) o[c] = w[c] + p[c] + ty[c];
+    if (r.type < 0) {
+      for (int64_t c = 0; c < hidden; ++c) o[c] = w[c] + p[c];
+    } else {
+      const float* ty = typ + r.type * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] = w[c] + p[c] + ty[c];
+    }
   }
 }
 
-void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, int seq,
-                                    Tensor& dword, Tensor& dpos, Tensor& dtype) {
-  check_ids(ids, types, dword.shape[0], dtype.shape[0]);
+void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types,
+                                    const Tensor& positions, int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) {
+  check_ids(ids, types, positions, dword.shape[0], dtype.data ? dtype.shape[0] : 1, dpos.shape[0]);
   const int64_t tokens = ids.numel(), hidden = dword.shape[1];
-  const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>();
+  const int32_t* ip = ids.ptr<int32_t>();
   const float* dp = dout.f32();
-  float *dwp = dword.f32(), *dpp = dpos.f32(), *dtp = dtype.f32();
+  float *dwp = dword.f32(), *dpp = dpos.f32(), *dtp = dtype.data ? dtype.f32() : nullptr;
   // Tokens repeat ids, so threads split the hidden columns rather than the tokens.
   constexpr int64_t kBlock = 64;
 #pragma omp parallel for schedule(static)
   for (int64_t c0 = 0; c0 < hidden; c0 += kBlock) {
     const int64_t c1 = std::min(hidden, c0 + kBlock);
     for (int64_t t = 0; t < tokens; ++t) {
+      const TokenRows r = token_rows(types, positions, dtype, t, seq);
       const float* d = dp + t * hidden;
       float* w = dwp + ip[t] * hidden;
-      float* p = dpp + (t % seq) * hidden;
-      float* ty = dtp + tp[t] * hidden;
+      float* p = dpp + r.position * hidden;
       for (int64_t c = c0; c < c1; ++c) {
         w[c] += d[c];
         p[c] += d[c];
-        ty[c] += d[c];
       }
+      if (r.type >= 0) {
+        float* ty = dtp + r.type * hidden;
+        for (int64_t c = c0; c < c1; ++c) ty[c] += d[c];
+      }
+    }
+  }
+}
+
+void CpuBackend::position_ids_after_padding(const Tensor& ids, int32_t pad, int seq, Tensor& out) {
+  const int64_t rows = ids.numel() / seq;
+  const int32_t* ip = ids.ptr<int32_t>();
+  int32_t* op = out.ptr<int32_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t count = 0;
+    for (int64_t t = r * seq; t < (r + 1) * seq; ++t) {
+      count += ip[t] != pad;
+      op[t] = ip[t] != pad ? pad + count : pad;
     }
   }
 }

@@ -23,9 +23,9 @@ void check_finite(double loss, int64_t step) {
 
 // Model FLOPs as Trainer estimates them: 6 x non-embedding parameters x tokens.
 double flos(TrainingRun& run, int64_t tokens) {
-  const ModelConfig& c = run.model().config();
-  const double non_embedding = double(run.model().layout().count()) -
-                               double(c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * c.hidden_size;
+  double non_embedding = double(run.model().layout().count());
+  for (const ParamEntry& e : run.model().layout().entries())
+    if (e.kind == ParamKind::Embedding) non_embedding -= double(e.shape.numel());
   return 6.0 * non_embedding * double(tokens);
 }
 

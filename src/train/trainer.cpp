@@ -90,9 +90,12 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
       comm_(own_comm_.get()),
       sharding_(sharding),
       offload_(a.offload_optimizer && phases.train) {
-  if (seq_len > c.max_position_embeddings)
-    fail("sequences of {} tokens do not fit the model's max_position_embeddings ({})", seq_len,
-         c.max_position_embeddings);
+  if (seq_len > c.max_sequence_length())
+    fail("sequences of {} tokens do not fit the model's max_position_embeddings ({}{})", seq_len,
+         c.max_position_embeddings,
+         c.max_sequence_length() == c.max_position_embeddings
+             ? ""
+             : fmt::format(", {} tokens after the padding index", c.max_sequence_length()));
   model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
   if (phases_.infer_batch > 0) {

@@ -462,10 +462,10 @@ TEST_F(MixedOps, EmbeddingForwardGatherScatterRoundOrMoveBits) {
       auto w32 = table(DType::F32, wv, c.vocab), p32 = table(DType::F32, pv, c.positions);
       auto ty32 = table(DType::F32, tv, 2);
       Dev out32(g, DType::F32, Shape{T, H});
-      g.embedding_forward(ids.t, types.t, w32->t, p32->t, ty32->t, c.seq, out32.t);
+      g.embedding_forward(ids.t, types.t, Tensor{}, w32->t, p32->t, ty32->t, c.seq, out32.t);
       auto w = table(t, wv, c.vocab), p = table(t, pv, c.positions), ty = table(t, tv, 2);
       Dev out(g, t, Shape{T, H});
-      g.embedding_forward(ids.t, types.t, w->t, p->t, ty->t, c.seq, out.t);
+      g.embedding_forward(ids.t, types.t, Tensor{}, w->t, p->t, ty->t, c.seq, out.t);
       const std::string at = fmt::format(" ({}, B={} S={} hidden={})", name(t), c.batch, c.seq, H);
       expect_rounded("embedding out" + at, out, out32.download());
 
@@ -503,7 +503,7 @@ TEST_F(MixedOps, EmbeddingBackwardAccumulatesHalfGradientsIntoF32) {
       dword.upload(wv);
       dpos.upload(pv);
       dtype.upload(tv);
-      g.embedding_backward(dout.t, ids.t, types.t, c.seq, dword.t, dpos.t, dtype.t);
+      g.embedding_backward(dout.t, ids.t, types.t, Tensor{}, c.seq, dword.t, dpos.t, dtype.t);
       // The reference in double on the host.
       std::vector<double> rw(wv.begin(), wv.end()), rp(pv.begin(), pv.end()), rt(tv.begin(), tv.end());
       for (int64_t i = 0; i < T; ++i)

@@ -402,8 +402,8 @@ TEST_F(GpuOps, EmbeddingGatherScatterMatchCpu) {
     Both first(g, nans({c.batch, c.hidden})), dfirst(g, random({c.batch, c.hidden}, 10));
     Both dhidden(g, nans({T, c.hidden}));
     for (auto [be, s] : sides()) {
-      ops::embedding_forward(*be, ids[s], types[s], word[s], pos[s], type[s], c.seq, out[s]);
-      ops::embedding_backward(*be, dout[s], ids[s], types[s], c.seq, dword[s], dpos[s], dtype[s]);
+      ops::embedding_forward(*be, ids[s], types[s], Tensor{}, word[s], pos[s], type[s], c.seq, out[s]);
+      ops::embedding_backward(*be, dout[s], ids[s], types[s], Tensor{}, c.seq, dword[s], dpos[s], dtype[s]);
       ops::gather_first_tokens(*be, dout[s], c.seq, first[s]);
       ops::scatter_first_tokens(*be, dfirst[s], c.seq, dhidden[s]);
     }
@@ -415,6 +415,38 @@ TEST_F(GpuOps, EmbeddingGatherScatterMatchCpu) {
     expect_same("gather_first_tokens" + at, first);
     expect_same("scatter_first_tokens" + at, dhidden);
   }
+}
+
+// RoBERTa's embeddings (positions counted after the padding id, one token type) and
+// DistilBERT's (no type table): the position ids and both passes as on the CPU.
+TEST_F(GpuOps, EmbeddingWithPositionIdsAndWithoutTypesMatchCpu) {
+  Backend& g = gpu();
+  const int batch = 5, seq = 67, hidden = 48, vocab = 300, pad = 1;
+  const int64_t T = int64_t(batch) * seq;
+  HostTensor ids_host = random_ints({T}, 1, 0, vocab);
+  for (int b = 0; b < batch; ++b)  // right padding of varied length, and a padding id inside row 0
+    for (int t = seq - 7 * b; t < seq; ++t) ids_host.i()[b * seq + t] = pad;
+  ids_host.i()[5] = pad;
+  Both ids(g, std::move(ids_host)), positions(g, random_ints({T}, 12, -9, -1));  // overwritten
+  Both word(g, random({vocab, hidden}, 3)), pos(g, random({seq + pad + 1, hidden}, 4)), type(g, random({1, hidden}, 5));
+  Both out(g, nans({T, hidden})), out_untyped(g, nans({T, hidden})), dout(g, random({T, hidden}, 6));
+  Both dword(g, random({vocab, hidden}, 7)), dpos(g, random({seq + pad + 1, hidden}, 8)), dtype(g, random({1, hidden}, 9));
+  Both dword2(g, random({vocab, hidden}, 10)), dpos2(g, random({seq + pad + 1, hidden}, 11));
+  for (auto [be, s] : sides()) {
+    ops::position_ids_after_padding(*be, ids[s], pad, seq, positions[s]);
+    ops::embedding_forward(*be, ids[s], Tensor{}, positions[s], word[s], pos[s], type[s], seq, out[s]);
+    ops::embedding_backward(*be, dout[s], ids[s], Tensor{}, positions[s], seq, dword[s], dpos[s], dtype[s]);
+    Tensor none;
+    ops::embedding_forward(*be, ids[s], Tensor{}, Tensor{}, word[s], pos[s], none, seq, out_untyped[s]);
+    ops::embedding_backward(*be, dout[s], ids[s], Tensor{}, Tensor{}, seq, dword2[s], dpos2[s], none);
+  }
+  expect_close("out (through the position ids)", out, kFp32Tol);
+  expect_close("dword", dword, kFp32Tol);
+  expect_close("dpos", dpos, kFp32Tol);
+  expect_close("dtype", dtype, kFp32Tol);
+  expect_close("out without types", out_untyped, kFp32Tol);
+  expect_close("dword without types", dword2, kFp32Tol);
+  expect_close("dpos without types", dpos2, kFp32Tol);
 }
 
 // ---------------------------------------------------------------------------- loss
