@@ -43,7 +43,9 @@ TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
   test::check_golden_training(GetParam(), *be, tol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenGpuTest, ::testing::Values("bert_cls", "bert_reg"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenGpuTest,
+                         ::testing::Values("bert_cls", "bert_reg", "roberta_cls", "xlm_roberta_reg", "distilbert_cls",
+                                           "electra_cls"));
 
 ModelConfig dropout_config() {
   ModelConfig c = *builtin_config("bert-tiny");

@@ -70,7 +70,8 @@ TEST_P(MixedGolden, MatchesTransformersAtItsPrecision) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MixedGolden,
-                         ::testing::Combine(::testing::Values("bert_cls", "bert_reg"),
+                         ::testing::Combine(::testing::Values("bert_cls", "bert_reg", "roberta_cls", "xlm_roberta_reg",
+                                                              "distilbert_cls", "electra_cls"),
                                             ::testing::Values(DType::BF16, DType::F16)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + name_of(std::get<1>(info.param));
