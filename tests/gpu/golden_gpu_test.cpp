@@ -37,8 +37,12 @@ TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
   SKIP_WITHOUT_GPU();
   auto be = make_cuda_backend({0, true});
   // TF32 keeps 10 mantissa bits in matrix products: about 1e-3 relative per product,
-  // which three Adam steps carry into the weights (measured on an H100: 3.8e-3).
-  test::GoldenTolerances tol{3e-3, 3e-3, 3e-2, 1e-2};
+  // which three Adam steps carry into the weights (measured on an H100: 3.8e-3 for BERT).
+  // Adam moves a weight by about lr whatever its gradient's size, so an element whose
+  // gradient is within rounding of zero (a cancellation in a word embedding's sums) may
+  // step the other way: up to 2 lr a step against weights of a few 0.01 (xlm_roberta_reg's
+  // word embeddings: 1.2e-2, while its losses and gradient norms agree to 1e-5).
+  test::GoldenTolerances tol{3e-3, 3e-3, 3e-2, 2e-2};
   test::check_golden_forward_backward(GetParam(), *be, tol);
   test::check_golden_training(GetParam(), *be, tol);
 }

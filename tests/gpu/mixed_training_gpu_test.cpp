@@ -49,9 +49,14 @@ class MixedGolden : public ::testing::TestWithParam<std::tuple<std::string, DTyp
 // into the same relative error of a step of lr, small against the weights.
 // The key bias, zero in exact arithmetic, holds rounding noise of the other gradients'
 // size times the format's precision: zero_floor measures it against that.
+// Two things widen this for the other families' fixtures: DistilBERT's ReLU head, where a
+// pre-activation rounded across zero changes a logit by its whole value (bf16 logits 4.2e-2);
+// and Adam's steps of about lr whatever a gradient's size, which send an element whose
+// gradient is within rounding of zero the other way (fp16 word embeddings 1e-2, while
+// losses and gradient norms agree to 1e-4).
 test::GoldenTolerances tolerances(DType t) {
-  return t == DType::BF16 ? test::GoldenTolerances{4e-2, 2e-2, 8e-2, 5e-2, 1e-2}
-                          : test::GoldenTolerances{6e-3, 3e-3, 1.5e-2, 5e-3, 1e-3};
+  return t == DType::BF16 ? test::GoldenTolerances{5e-2, 2e-2, 8e-2, 5e-2, 1e-2}
+                          : test::GoldenTolerances{6e-3, 3e-3, 1.5e-2, 1.5e-2, 1e-3};
 }
 
 TEST_P(MixedGolden, MatchesTransformersAtItsPrecision) {
