@@ -25,20 +25,30 @@ ModelConfig small_config(const std::string& model_type) {
   if (model_type == "distilbert") j = {{"model_type", model_type}, {"n_layers", 2}, {"n_heads", 4}, {"dim", 32},
                                        {"hidden_dim", 64}};
   if (model_type == "electra") j["embedding_size"] = 16;  // projected to hidden_size
-  // The BERT tokenizer gives the pairs' second texts type 1, which the RoBERTa classes'
+  // With BERT's tokenizer, the pairs' second texts have type 1, which the RoBERTa classes'
   // default of two token types (not their checkpoints' one) has a row for.
   return ModelConfig::from_json(j, model_type);
 }
 
-class HuggingFaceRoundTrip : public ::testing::TestWithParam<std::string> {};
+struct RoundTrip {
+  std::string model_type, tokenizer;  // a fixture of the tokenizer tests
+  int type_vocab_size = 2;
+};
+
+class HuggingFaceRoundTrip : public ::testing::TestWithParam<RoundTrip> {};
 
 // Sentence pairs with string labels; a tokenizer.json tokenizer, which the fixtures of
-// the tokenizer tests provide (for every family: the round trip tests the model).
+// the tokenizer tests provide: BERT's WordPiece for every family (the round trip tests the
+// model), and the RoBERTa and XLM-RoBERTa families' own byte-level BPE and Unigram ones,
+// which give no token types (their checkpoints' single type).
 TEST_P(HuggingFaceRoundTrip, SavedModelGivesHoneLogitsInTransformers) {
-  const std::string tok = test::fixtures_dir() + "/tokenizer/minilm";
+  const RoundTrip& p = GetParam();
+  const std::string tok = test::fixtures_dir() + "/tokenizer/" + p.tokenizer;
   ASSERT_TRUE(std::filesystem::exists(tok + "/tokenizer.json")) << tok;
   test::TempDir dir;
-  test::save_random_model(dir.path + "/base", small_config(GetParam()), 3);
+  ModelConfig c = small_config(p.model_type);
+  c.type_vocab_size = p.type_vocab_size;
+  test::save_random_model(dir.path + "/base", c, 3);
   const char* texts[][2] = {{"A man is playing a guitar.", "Someone plays music."},
                             {"The cat sleeps on the sofa.", "A dog barks loudly at night."},
                             {"Crème brûlée for dessert!", "They ordered a French dessert."},
@@ -59,7 +69,7 @@ TEST_P(HuggingFaceRoundTrip, SavedModelGivesHoneLogitsInTransformers) {
                  " --max_seq_length 24 --per_device_train_batch_size 4 --max_steps 6 --learning_rate 1e-3"
                  " --save_strategy no --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_EQ(ModelConfig::load(out + "/config.json").model_type, GetParam());
+  EXPECT_EQ(ModelConfig::load(out + "/config.json").model_type, p.model_type);
   r = test::run_hone("predict --model_name_or_path " + out + " --test_file " + data +
           " --text_column premise --text_pair_column hypothesis --max_seq_length 24 --output_dir " + out);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -69,9 +79,12 @@ TEST_P(HuggingFaceRoundTrip, SavedModelGivesHoneLogitsInTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceRoundTrip,
-                         ::testing::Values("bert", "roberta", "xlm-roberta", "distilbert", "electra"),
+                         ::testing::Values(RoundTrip{"bert", "minilm"}, RoundTrip{"roberta", "minilm"},
+                                           RoundTrip{"roberta", "roberta", 1}, RoundTrip{"xlm-roberta", "minilm"},
+                                           RoundTrip{"xlm-roberta", "xlmr", 1}, RoundTrip{"distilbert", "minilm"},
+                                           RoundTrip{"electra", "minilm"}),
                          [](const auto& info) {
-                           std::string name = info.param;
+                           std::string name = info.param.model_type + "_" + info.param.tokenizer;
                            std::erase(name, '-');
                            return name;
                          });

@@ -46,7 +46,7 @@ TEST(MiniLM, TokenizerGivesTransformersIds) {
   std::string why;
   const std::string dir = minilm_dir(&why);
   if (dir.empty()) GTEST_SKIP() << why;
-  const WordPieceTokenizer tok = WordPieceTokenizer::load(dir);
+  const Tokenizer tok = Tokenizer::load(dir);
   const nlohmann::json in = fixture_inputs();
   for (size_t i = 0; i < in["inputs"].size(); ++i) {
     const auto& ex = in["inputs"][i];

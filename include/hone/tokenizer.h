@@ -68,7 +68,4 @@ class Tokenizer {
   std::string vocabulary_file_;
 };
 
-// The name from when BERT's was the only one (tests/minilm_test.cpp still uses it).
-using WordPieceTokenizer = Tokenizer;
-
 }  // namespace hone
