@@ -4,7 +4,7 @@
 // and ELECTRA share its blocks (embeddings, post-LayerNorm attention and feed-forward
 // layers, a classification head on the first token); a family says what differs: the
 // parameters' names, the embeddings' inputs, the head, and the config.json fields.
-// Each family is one file in src/model/families/, listed in src/model/families.cpp.
+// Each family is one file in src/model/families/, listed in src/model/families/families.cpp.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
