@@ -13,6 +13,7 @@
 #include "hone/error.h"
 #include "hone/tokenizer.h"
 #include "test_util.h"
+#include "tokenizer_test_util.h"
 
 namespace hone {
 namespace {
@@ -20,41 +21,19 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string fixtures() { return test::fixtures_dir() + "/tokenizer"; }
-std::string variant(const std::string& name) { return fixtures() + "/" + name; }
-
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f) << path;
-  std::vector<json> rows;
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty()) rows.push_back(json::parse(line));
-  return rows;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-Encoding encode_row(const Tokenizer& t, const json& row, int max_length) {
-  const std::string text = row.at("text").get<std::string>();
-  if (!row.contains("text_pair") || row["text_pair"].is_null()) return t.encode(text, nullptr, max_length);
-  const std::string pair = row["text_pair"].get<std::string>();
-  const std::string_view pair_view(pair);
-  return t.encode(text, &pair_view, max_length);
-}
+using test::encode_row;
+using test::tokenizer_fixtures;
+using test::read_jsonl;
+using test::read_text;
+using test::variant;
+using test::write_text;
 
 const std::vector<std::string> kFamilies = {"bpe_options", "modernbert", "roberta", "unigram_options", "xlmr"};
 
 // The shared corpus, then the families' own texts.
 std::vector<json> family_corpus() {
-  std::vector<json> rows = read_jsonl(fixtures() + "/corpus.jsonl");
-  for (json& r : read_jsonl(fixtures() + "/corpus_families.jsonl")) rows.push_back(std::move(r));
+  std::vector<json> rows = read_jsonl(tokenizer_fixtures() + "/corpus.jsonl");
+  for (json& r : read_jsonl(tokenizer_fixtures() + "/corpus_families.jsonl")) rows.push_back(std::move(r));
   return rows;
 }
 

@@ -14,6 +14,7 @@
 #include "hone/error.h"
 #include "hone/tokenizer.h"
 #include "test_util.h"
+#include "tokenizer_test_util.h"
 
 namespace hone {
 namespace {
@@ -21,34 +22,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string tokenizer_fixtures() { return test::fixtures_dir() + "/tokenizer"; }
-std::string variant(const std::string& name) { return tokenizer_fixtures() + "/" + name; }
-
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream f(path);
-  EXPECT_TRUE(f) << path;
-  std::vector<json> rows;
-  for (std::string line; std::getline(f, line);)
-    if (!line.empty()) rows.push_back(json::parse(line));
-  return rows;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-Encoding encode_row(const Tokenizer& t, const json& row, int max_length) {
-  const std::string text = row.at("text").get<std::string>();
-  if (!row.contains("text_pair")) return t.encode(text, nullptr, max_length);
-  const std::string pair = row["text_pair"].get<std::string>();
-  const std::string_view pair_view(pair);
-  return t.encode(text, &pair_view, max_length);
-}
+using test::encode_row;
+using test::tokenizer_fixtures;
+using test::read_jsonl;
+using test::read_text;
+using test::variant;
+using test::write_text;
 
 std::vector<std::string> variants() {
   std::vector<std::string> names;

@@ -614,6 +614,21 @@ std::unique_ptr<Normalizer> make_bert_normalizer(bool clean_text, bool handle_ch
 
 std::unique_ptr<PreTokenizer> make_bert_pre_tokenizer() { return std::make_unique<BertPreTokenizer>(); }
 
+namespace {
+
+// The components a Sequence lists under `key`, each loaded by `load`, null ones left out.
+template <typename T, typename Load>
+std::vector<std::unique_ptr<T>> load_sequence(const json& c, const Source& src, const std::string& where,
+                                              const char* key, Load load) {
+  const json& items = get_array(c, src.file, where, key);
+  std::vector<std::unique_ptr<T>> parts;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (auto p = load(items[i], src, fmt::format("{}.{}[{}]", where, key, i))) parts.push_back(std::move(p));
+  return parts;
+}
+
+}  // namespace
+
 std::unique_ptr<Normalizer> load_normalizer(const json& n, const Source& src, const std::string& where) {
   const std::string& file = src.file;
   if (n.is_null()) return nullptr;
@@ -660,12 +675,8 @@ std::unique_ptr<Normalizer> load_normalizer(const json& n, const Source& src, co
     return std::make_unique<PrecompiledNormalizer>(decode_base64(b64, file, where + ".precompiled_charsmap"), file);
   }
   if (type == "Sequence") {
-    const json& items = get_array(n, file, where, "normalizers");
-    std::vector<std::unique_ptr<Normalizer>> parts;
-    for (size_t i = 0; i < items.size(); ++i)
-      if (auto p = load_normalizer(items[i], src, fmt::format("{}.normalizers[{}]", where, i)))
-        parts.push_back(std::move(p));
-    return std::make_unique<SequenceNormalizer>(std::move(parts));
+    return std::make_unique<SequenceNormalizer>(
+        load_sequence<Normalizer>(n, src, where, "normalizers", load_normalizer));
   }
   unsupported(file, "normalizer", type, kNormalizers);
 }
@@ -702,12 +713,8 @@ std::unique_ptr<PreTokenizer> load_pre_tokenizer(const json& p, const Source& sr
     return std::make_unique<MetaspacePreTokenizer>(rep[0], prepend, get_bool(p, file, where, "split", true));
   }
   if (type == "Sequence") {
-    const json& items = get_array(p, file, where, "pretokenizers");
-    std::vector<std::unique_ptr<PreTokenizer>> parts;
-    for (size_t i = 0; i < items.size(); ++i)
-      if (auto x = load_pre_tokenizer(items[i], src, fmt::format("{}.pretokenizers[{}]", where, i)))
-        parts.push_back(std::move(x));
-    return std::make_unique<SequencePreTokenizer>(std::move(parts));
+    return std::make_unique<SequencePreTokenizer>(
+        load_sequence<PreTokenizer>(p, src, where, "pretokenizers", load_pre_tokenizer));
   }
   unsupported(file, "pre_tokenizer", type, kPreTokenizers);
 }
