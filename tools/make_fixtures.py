@@ -48,10 +48,33 @@ The families (tests/fixtures/FAMILIES.md has the parameter names and config fiel
     LayerNorm; BERT's sentence pairs and positions otherwise. No pooler: the head is
     dropout -> dense -> gelu (exact, erf; not the config's hidden_act) -> dropout ->
     out_proj on the first token.
+  modernbert_cls, modernbert_mean_reg (ModernBertForSequenceClassification, eager attention):
+    pre-LN layers (layer 0 has no attn_norm), one fused Wqkv, rotary positions on q and k,
+    GeGLU MLP (Wi gives input and gate), final_norm, then the head pooling -> dense -> act
+    -> LayerNorm -> dropout -> classifier. Layers alternate between global attention and a
+    bidirectional band |q - k| <= local_attention // 2 (layer_types, from
+    global_attn_every_n_layers), each type with its own rope theta; the band cuts keys at
+    this sequence length, which the script asserts (zero attention weights beyond it, and
+    logits that change when the band is widened to the whole row). No token types, no
+    position embeddings. The special ids are not 0: at the end of the vocabulary in
+    modernbert_cls (pad 99 of 101), as in the released checkpoints, and pad 3 in
+    modernbert_mean_reg. Every attn.Wqkv.weight is scaled by 8 after init, so that the
+    rotary angles and the band move the logits well beyond the parity tests' tolerances.
+    modernbert_cls: transformers' defaults (no biases, exact gelu, CLS pooling),
+    4 layers (layers 0 and 3 global), band half-width 2. modernbert_mean_reg: regression,
+    mean pooling over the attention mask, every bias on, gelu_pytorch_tanh in the GeGLU,
+    the Hub's global_rope_theta/local_rope_theta keys (10000, 500) and
+    global_attn_every_n_layers 2 over 3 layers, band half-width 3.
+    transformers computes ModernBERT's rotary cos/sin, the rotation of q and k and the
+    eager softmax in float32 whatever the model's dtype; while a ModernBERT case runs,
+    modernbert_float64() makes those three float64 too (the same formulas, see there),
+    and the script checks that transformers' own float32 forward agrees with the result.
 """
 import argparse
+import contextlib
 import inspect
 import json
+import math
 import os
 import sys
 
@@ -60,8 +83,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification,
                           DistilBertConfig, DistilBertForSequenceClassification, ElectraConfig,
-                          ElectraForSequenceClassification, RobertaConfig, RobertaForSequenceClassification,
-                          TrainingArguments, Trainer, XLMRobertaConfig, XLMRobertaForSequenceClassification)
+                          ElectraForSequenceClassification, ModernBertConfig, ModernBertForSequenceClassification,
+                          RobertaConfig, RobertaForSequenceClassification, TrainingArguments, Trainer,
+                          XLMRobertaConfig, XLMRobertaForSequenceClassification)
+from transformers.models.modernbert import modeling_modernbert
 
 STEPS = 3
 ARGS = dict(learning_rate=1e-3, weight_decay=0.01, warmup_steps=1, max_grad_norm=0.5,
@@ -87,6 +112,13 @@ FAMILIES = {
                         sinusoidal_pos_embds=False), "zeros"),
     "electra": (ElectraConfig, ElectraForSequenceClassification,
                 dict(BERT_LIKE, embedding_size=24, max_position_embeddings=40, type_vocab_size=2), "pair"),
+    # Eager attention (an additive float mask, attention weights to check the band with);
+    # not saved in config.json. Dropouts are 0 by default in ModernBertConfig; they are
+    # written out all the same.
+    "modernbert": (ModernBertConfig, ModernBertForSequenceClassification,
+                   dict(vocab_size=101, hidden_size=48, num_attention_heads=3, intermediate_size=40,
+                        max_position_embeddings=32, attention_dropout=0.0, embedding_dropout=0.0, mlp_dropout=0.0,
+                        classifier_dropout=0.0, attn_implementation="eager"), "zeros"),
 }
 
 CASES = {
@@ -97,6 +129,20 @@ CASES = {
     "xlm_roberta_reg": ("xlm-roberta", dict(num_labels=1, hidden_act="gelu_new")),
     "distilbert_cls": ("distilbert", dict(num_labels=3, activation="gelu")),
     "electra_cls": ("electra", dict(num_labels=3, hidden_act="gelu")),
+    # Layers 0 and 3 global, 1 and 2 banded (|q - k| <= 2: local_attention 4); special ids at the
+    # end of the vocabulary as in the released checkpoints (pad 50283, cls 50281, sep 50282).
+    "modernbert_cls": ("modernbert", dict(num_labels=3, num_hidden_layers=4, global_attn_every_n_layers=3,
+                                          local_attention=4, classifier_pooling="cls", pad_token_id=99,
+                                          bos_token_id=97, cls_token_id=97, eos_token_id=98, sep_token_id=98)),
+    # Layers 0 and 2 global, 1 banded (|q - k| <= 3); every bias; the thetas as Hub config.json files
+    # give them (transformers turns them into rope_parameters).
+    "modernbert_mean_reg": ("modernbert", dict(num_labels=1, num_hidden_layers=3, global_attn_every_n_layers=2,
+                                               local_attention=6, classifier_pooling="mean",
+                                               hidden_activation="gelu_pytorch_tanh", classifier_activation="gelu",
+                                               norm_bias=True, attention_bias=True, mlp_bias=True,
+                                               classifier_bias=True, global_rope_theta=10000.0,
+                                               local_rope_theta=500.0, pad_token_id=3, bos_token_id=1,
+                                               cls_token_id=1, eos_token_id=2, sep_token_id=2)),
 }
 
 
@@ -122,6 +168,194 @@ def make_batch(gen, vocab, batch, seq, num_labels, pad_id=0, types_kind="pair"):
     return dict(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
 
 
+@contextlib.contextmanager
+def modernbert_float64():
+    """ModernBERT in float64 throughout. transformers computes the rotary angles as float32
+    (position_ids.float() * inv_freq.float(), inv_freq itself from a float32 arange), rotates
+    q.float() and k.float() before casting back, and the eager softmax has dtype=float32:
+    in a float64 model these round to float32, and a query whose band holds only padding
+    (its float64 mask value becomes -inf in float32) gives NaN, which the padded rows' values
+    carry into every row of the next layer. Inside this block the same three formulas run
+    in the model's dtype: inv_freq = 1 / theta^(arange(0, d, 2) / d),
+    angle = position * inv_freq, emb = cat(angle, angle); q*cos + rotate_half(q)*sin; softmax
+    of scores + mask (a fully masked row is uniform, as in a float32 run)."""
+    mb = modeling_modernbert
+    saved = mb.eager_attention_forward, mb.apply_rotary_pos_emb, mb.ModernBertRotaryEmbedding.forward
+
+    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            weights = weights + attention_mask
+        weights = torch.nn.functional.softmax(weights, dim=-1)
+        weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    def rotary(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + mb.rotate_half(q) * sin, k * cos + mb.rotate_half(k) * sin
+
+    def rope(self, x, position_ids, layer_type):
+        params = self.config.rope_parameters[layer_type]
+        assert params["rope_type"] == "default", params
+        dim = self.config.hidden_size // self.config.num_attention_heads
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        angle = position_ids[..., None].to(torch.float64) * inv_freq.to(x.device)
+        emb = torch.cat((angle, angle), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+    mb.eager_attention_forward, mb.apply_rotary_pos_emb, mb.ModernBertRotaryEmbedding.forward = eager, rotary, rope
+    try:
+        yield
+    finally:
+        mb.eager_attention_forward, mb.apply_rotary_pos_emb, mb.ModernBertRotaryEmbedding.forward = saved
+
+
+def modernbert_reference(model, ids, mask, window=None, rotation="half", thetas=None):
+    """ModernBertForSequenceClassification's logits written out from FAMILIES.md, independent
+    of transformers' modules (its parameters only): the check that the description is right.
+    The other choices are the mistakes the fixture must catch: window, the band's half width
+    (default config.local_attention // 2); rotation "half" (transformers' rotate_half, the
+    pairs (i, i + d/2)), "interleaved" (the pairs (2i, 2i + 1)) or "none"; thetas, a layer
+    type -> rope theta dict (default config.rope_parameters)."""
+    cfg = model.config
+    F = torch.nn.functional
+    P = dict(model.named_parameters())
+    B, S = ids.shape
+    H, nh = cfg.hidden_size, cfg.num_attention_heads
+    d = H // nh
+    window = cfg.local_attention // 2 if window is None else window
+
+    def lin(x, name):
+        return F.linear(x, P[name + ".weight"], P.get(name + ".bias"))
+
+    def norm(x, name):
+        return F.layer_norm(x, (H,), P[name + ".weight"], P.get(name + ".bias"), cfg.norm_eps)
+
+    act = {"gelu": lambda x: F.gelu(x), "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+    x = norm(P["model.embeddings.tok_embeddings.weight"][ids], "model.embeddings.norm")
+    pos = torch.arange(S, dtype=torch.float64)
+    near = (pos[:, None] - pos[None, :]).abs() <= window
+    real_key = mask.bool()[:, None, None, :]
+    for i, kind in enumerate(cfg.layer_types):
+        pre = f"model.layers.{i}."
+        theta = (thetas or {}).get(kind, cfg.rope_parameters[kind]["rope_theta"])
+        angle = pos[:, None] / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [S, d/2]
+
+        def rope(t):
+            if rotation == "half":  # (t_i, t_{i+d/2}) turned by angle_i
+                a = torch.cat((angle, angle), -1)
+                return t * a.cos() + torch.cat((-t[..., d // 2:], t[..., :d // 2]), -1) * a.sin()
+            if rotation == "interleaved":  # (t_{2i}, t_{2i+1}) turned by angle_i
+                a = angle.repeat_interleave(2, -1)
+                turned = torch.stack((-t[..., 1::2], t[..., 0::2]), -1).flatten(-2)
+                return t * a.cos() + turned * a.sin()
+            return t
+
+        h = x if i == 0 else norm(x, pre + "attn_norm")
+        q, k, v = lin(h, pre + "attn.Wqkv").view(B, S, 3, nh, d).permute(2, 0, 3, 1, 4)
+        scores = rope(q) @ rope(k).transpose(-1, -2) / math.sqrt(d)
+        allowed = real_key & (near if kind == "sliding_attention" else True)
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        a = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, S, H)
+        x = x + lin(a, pre + "attn.Wo")
+        inp, gate = lin(norm(x, pre + "mlp_norm"), pre + "mlp.Wi").chunk(2, dim=-1)
+        x = x + lin(act[cfg.hidden_activation](inp) * gate, pre + "mlp.Wo")
+    x = norm(x, "model.final_norm")
+    if cfg.classifier_pooling == "cls":
+        pooled = x[:, 0]
+    else:
+        m = mask.to(x.dtype)[..., None]
+        pooled = (x * m).sum(1) / m.sum(1)
+    head = norm(act[cfg.classifier_activation](lin(pooled, "head.dense")), "head.norm")
+    return lin(head, "classifier")
+
+
+def check_modernbert(model, batch, logits):
+    """What the ModernBERT fixture must exercise, asserted on the float64 model (inside
+    modernbert_float64) and its logits for the batch."""
+    cfg = model.config
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    seq = ids.shape[1]
+    w = cfg.local_attention // 2
+    assert seq > 2 * w + 1, f"a band of {2 * w + 1} keys cuts nothing at {seq} tokens"
+    assert not (ids[mask.bool()] == cfg.pad_token_id).any(), "a real token holds the pad id"
+    assert (ids[~mask.bool()] == cfg.pad_token_id).all(), "padding without the pad id"
+    with torch.no_grad():
+        # The description in FAMILIES.md gives the same logits.
+        diff = (modernbert_reference(model, ids, mask) - logits).abs().max().item()
+        assert diff < 1e-12, f"the written-out ModernBERT differs from transformers' by {diff:.3e}"
+        # Eager attention weights: zero beyond the band (and on padding) in sliding layers,
+        # and some weight there in the global ones.
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        pos = torch.arange(seq)
+        far = (pos[:, None] - pos[None, :]).abs() > w
+        real_q = mask.bool()[:, None, :, None]
+        for i, (kind, att) in enumerate(zip(cfg.layer_types, out.attentions)):
+            beyond = att.masked_select(far & real_q)
+            pad_keys = att.masked_select(~mask.bool()[:, None, None, :] & real_q)
+            assert (pad_keys == 0).all(), f"layer {i}: weight on padding keys"
+            if kind == "sliding_attention":
+                assert (beyond == 0).all(), f"layer {i} ({kind}): weight beyond the band"
+            else:
+                assert beyond.abs().max() > 1e-3, f"layer {i} ({kind}): no weight beyond the band"
+        # The band changes the logits: the same weights with a band as wide as the row differ,
+        # and the written-out model with that wide band gives them too.
+        wide_cfg = type(cfg).from_dict(dict(cfg.to_dict(), local_attention=2 * seq), attn_implementation="eager")
+        wide = type(model)(wide_cfg).double().eval()
+        wide.load_state_dict(model.state_dict())
+        wide_logits = wide(**model_inputs(wide, batch)).logits
+        change = (wide_logits - logits).abs().max().item()
+        assert change > 1e-4, f"widening the band changes the logits by {change:.3e} only"
+        assert (modernbert_reference(model, ids, mask, window=seq) - wide_logits).abs().max() < 1e-12
+        # The rotary details move the logits beyond any tolerance of the parity tests.
+        scale = logits.abs().max()
+        moved = {"band": change / scale.item()}
+        for what, kwargs in (("no rotary", dict(rotation="none")), ("interleaved pairs", dict(rotation="interleaved")),
+                             ("one theta", dict(thetas={k: cfg.rope_parameters["full_attention"]["rope_theta"]
+                                                        for k in ("full_attention", "sliding_attention")})),
+                             ("thetas swapped", dict(thetas={
+                                 "full_attention": cfg.rope_parameters["sliding_attention"]["rope_theta"],
+                                 "sliding_attention": cfg.rope_parameters["full_attention"]["rope_theta"]}))):
+            moved[what] = ((modernbert_reference(model, ids, mask, **kwargs) - logits).abs().max() / scale).item()
+        # 1e-5 is the float32 parity tests' relative tolerance for the logits; bf16's are wider.
+        weak = {k: v for k, v in moved.items() if v < (1e-4 if "theta" in k else 1e-3)}
+        assert not weak, f"too small a change of the logits (relative) with {weak}"
+    # transformers' own float32 forward (float32 rotary and softmax, eager and sdpa), outside
+    # modernbert_float64, is the float64 result rounded.
+    worst = {}
+    with modernbert_float64_off():
+        for impl in ("eager", "sdpa"):
+            f32 = type(model)(type(cfg).from_dict(cfg.to_dict(), attn_implementation=impl)).eval()
+            f32.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+            with torch.no_grad():
+                got = f32(**model_inputs(f32, batch)).logits.double()
+            worst[impl] = ((got - logits).abs().max() / logits.abs().max()).item()
+            assert worst[impl] < 1e-5, f"transformers' float32 {impl} forward differs by {worst[impl]:.3e} (relative)"
+    # The pad row of the embeddings: random (ModernBERT's init overwrites nn.Embedding's zero
+    # row), and no gradient reaches it (padding_idx).
+    emb = model.model.embeddings.tok_embeddings
+    assert emb.padding_idx == cfg.pad_token_id and emb.weight[cfg.pad_token_id].abs().max() > 0
+    return (f"band {2 * w + 1} keys; written-out model within {diff:.1e}; relative change of the logits with "
+            + ", ".join(f"{k} {v:.1e}" for k, v in moved.items())
+            + f"; transformers' float32 eager/sdpa within {worst['eager']:.1e}/{worst['sdpa']:.1e} relative")
+
+
+@contextlib.contextmanager
+def modernbert_float64_off():
+    """transformers' own ModernBERT functions for the duration, inside modernbert_float64."""
+    mb = modeling_modernbert
+    patched = mb.eager_attention_forward, mb.apply_rotary_pos_emb, mb.ModernBertRotaryEmbedding.forward
+    mb.eager_attention_forward, mb.apply_rotary_pos_emb, mb.ModernBertRotaryEmbedding.forward = ORIGINAL_MODERNBERT
+    try:
+        yield
+    finally:
+        mb.eager_attention_forward, mb.apply_rotary_pos_emb, mb.ModernBertRotaryEmbedding.forward = patched
+
+
+ORIGINAL_MODERNBERT = (modeling_modernbert.eager_attention_forward, modeling_modernbert.apply_rotary_pos_emb,
+                       modeling_modernbert.ModernBertRotaryEmbedding.forward)
+
+
 def model_inputs(model, batch):
     """The batch less the fields the model's forward does not take (DistilBERT: token_type_ids)."""
     accepted = inspect.signature(model.forward).parameters
@@ -139,10 +373,10 @@ def decay_names(model):
     return set(trainer.get_decay_parameter_names(model))
 
 
-def check_reload(case_dir, batch, want_logits):
+def check_reload(case_dir, batch, want_logits, **load_kwargs):
     """The saved directory, loaded the way a user would, gives the logits of the fixture."""
     model, info = AutoModelForSequenceClassification.from_pretrained(case_dir, dtype=torch.float32,
-                                                                     output_loading_info=True)
+                                                                     output_loading_info=True, **load_kwargs)
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"{case_dir}: loading info {bad}"
     model = model.double().eval()
@@ -154,14 +388,30 @@ def check_reload(case_dir, batch, want_logits):
 
 
 def make_case(out_dir, name, family, overrides):
+    if family == "modernbert":
+        with modernbert_float64():
+            _make_case(out_dir, name, family, overrides)
+    else:
+        _make_case(out_dir, name, family, overrides)
+
+
+def _make_case(out_dir, name, family, overrides):
     config_class, model_class, base, types_kind = FAMILIES[family]
     torch.manual_seed(0)
     cfg = config_class(**base, **overrides)
     model = model_class(cfg)
     # Non-trivial LayerNorm and bias values, so that their gradients are exercised.
     with torch.no_grad():
+        if family == "modernbert":
+            # ModernBERT's init (std 0.02) leaves the attention scores near zero: nearly uniform
+            # attention, where the rotary angles move the logits by 1e-5 and the band by 1e-3.
+            # Scores of order one make both count (check_modernbert asserts it).
+            for pname, p in model.named_parameters():
+                if pname.endswith("attn.Wqkv.weight"):
+                    p.mul_(8.0)
         for pname, p in model.named_parameters():
-            if "LayerNorm" in pname or "layer_norm" in pname or pname.endswith("bias"):
+            if ("LayerNorm" in pname or "layer_norm" in pname or pname.endswith("bias")
+                    or (family == "modernbert" and "norm" in pname)):
                 p.add_(0.1 * torch.randn_like(p))
     case_dir = os.path.join(out_dir, name)
     os.makedirs(case_dir, exist_ok=True)
@@ -185,6 +435,10 @@ def make_case(out_dir, name, family, overrides):
     golden["loss"] = out.loss.detach().float().reshape(1)
     for n, p in model.named_parameters():
         golden["grad." + n] = p.grad.detach().float().contiguous()
+    if family == "modernbert":
+        print(f"{name}: {check_modernbert(model, batch, ref_logits)}")
+        pad_grad = model.model.embeddings.tok_embeddings.weight.grad[cfg.pad_token_id]
+        assert (pad_grad == 0).all(), "the pad row of the embeddings has a gradient"
     model.zero_grad(set_to_none=True)
 
     decay = decay_names(model)
@@ -218,6 +472,13 @@ def make_case(out_dir, name, family, overrides):
     with open(os.path.join(case_dir, "train_args.json"), "w") as f:
         json.dump(dict(ARGS, decay_parameters=sorted(decay), parameters=names), f, indent=1)
     print(f"{name}: loss {float(golden['loss'][0]):.6f}, train losses {losses}, grad norms {norms}, lrs {lrs}")
+    if family == "modernbert":  # config.json names no attention implementation: eager, and the default
+        for impl in ("eager", None):
+            kwargs = {"attn_implementation": impl} if impl else {}
+            cls, diff = check_reload(case_dir, batch, ref_logits, **kwargs)
+            print(f"{name}: reloaded as {cls} ({impl or 'default attention'}) by AutoModelForSequenceClassification, "
+                  f"logits within {diff:.1e}")
+        return
     cls, diff = check_reload(case_dir, batch, ref_logits)
     print(f"{name}: reloaded as {cls} by AutoModelForSequenceClassification, logits within {diff:.1e}")
 
