@@ -17,11 +17,18 @@ covering 0..num_labels-1. Every problem found is listed; the exit status is 1 if
 any, 0 otherwise.
 
 Any family that AutoModelForSequenceClassification knows works (BERT, RoBERTa,
-XLM-RoBERTa, DistilBERT, ELECTRA, ...). The tokenizer's outputs are passed only where the
-model takes them: a field that the model's forward does not name (DistilBERT has no
-token_type_ids) is dropped, and so is token_type_ids when config.type_vocab_size is 1
-(RoBERTa, XLM-RoBERTa: their tokenizers give no token types and the model uses zeros; a
-BERT tokenizer in front of them would give type 1 to the second text of a pair).
+XLM-RoBERTa, DistilBERT, ELECTRA, ModernBERT, ...). The tokenizer's outputs are passed only
+where the model takes them: a field that the model's forward does not name (DistilBERT and
+ModernBERT have no token_type_ids) is dropped, and so is token_type_ids when
+config.type_vocab_size is 1 (RoBERTa, XLM-RoBERTa: their tokenizers give no token types and
+the model uses zeros; a BERT tokenizer in front of them would give type 1 to the second
+text of a pair).
+
+ModernBERT (model_type "modernbert") loads with attn_implementation="eager": the written-out
+softmax(q kᵀ/sqrt(d) + mask) v with the sliding-window layers' band as an additive mask,
+rather than whatever the default would pick (sdpa, or flash_attention_2 where asked for).
+config.json names no attention implementation, so the choice is the loader's; the line
+"attention:" of the output says which one ran.
 
 Run: python3 tools/hf_roundtrip.py MODEL_DIR TEXTS_JSONL HONE_PREDICTIONS_JSONL
          [--text_column text] [--text_pair_column X] [--max_length 128] [--atol 1e-4]
@@ -73,6 +80,10 @@ def model_fields(model, config):
     return named
 
 
+# Loader arguments per model_type (config.json's), beside dtype.
+LOAD_KWARGS = {"modernbert": {"attn_implementation": "eager"}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model_dir")
@@ -89,7 +100,10 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(args.model_dir, dtype=torch.float32)
+    with open(os.path.join(args.model_dir, "config.json"), encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    model = AutoModelForSequenceClassification.from_pretrained(args.model_dir, dtype=torch.float32,
+                                                               **LOAD_KWARGS.get(model_type, {}))
     model.to(device).eval()
     config = model.config
     problems = check_labels(args.model_dir, config)
@@ -128,6 +142,7 @@ def main():
     n = min(len(rows), len(preds))
     print(f"model: {args.model_dir} ({type(model).__name__}, {config.num_labels} labels, {device})")
     print(f"inputs: {', '.join(sorted(passed)) or 'none'} (model_type {config.model_type})")
+    print(f"attention: {getattr(config, '_attn_implementation', None)}")
     print(f"examples: {n}")
     if worst is not None:
         print(f"max abs logit difference: {max_diff:.3e} (line {worst + 1}; atol {args.atol:g})")
