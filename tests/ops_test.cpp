@@ -2,6 +2,7 @@
 // differences (backward), and the contract of the ops.h wrappers.
 #include "hone/ops.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -727,6 +728,140 @@ TEST(OpsEmbedding, GatherAndScatterFirstTokens) {
     for (int h = 0; h < 4; ++h) EXPECT_EQ(dhidden.f()[t * 4 + h], t % 3 == 0 ? hidden.f()[t * 4 + h] : 0.0f);
   HostTensor wrong(DType::F32, {3, 4});
   EXPECT_THROW(ops::gather_first_tokens(be, hidden.t, 3, wrong.t), Error);
+}
+
+// ---------------------------------------------------------------------------- ModernBERT's ops
+
+TEST(OpsEmbedding, WithoutPositionTableTheWordRowsAlone) {
+  CpuBackend be;
+  HostTensor ids = ints({6}, {3, 0, 4, 4, 1, 2}), word = random({5, 4}, 1), out(DType::F32, {6, 4});
+  ops::embedding_forward(be, ids.t, Tensor{}, Tensor{}, word.t, Tensor{}, Tensor{}, 3, out.t);
+  for (int t = 0; t < 6; ++t)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(out.f()[t * 4 + c], word.f()[ids.i()[t] * 4 + c]);
+  HostTensor dout = random({6, 4}, 2), dword = filled({5, 4}, 1.0f);
+  Tensor none;
+  ops::embedding_backward(be, dout.t, ids.t, Tensor{}, Tensor{}, 3, dword.t, none, none);
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_FLOAT_EQ(dword.f()[4 * 4 + c], 1.0f + dout.f()[2 * 4 + c] + dout.f()[3 * 4 + c]);
+    EXPECT_FLOAT_EQ(dword.f()[0 * 4 + c], 1.0f + dout.f()[1 * 4 + c]);
+  }
+  HostTensor positions = ints({6}, {0, 1, 2, 0, 1, 2});
+  EXPECT_NE(error_of([&] {
+              ops::embedding_forward(be, ids.t, Tensor{}, positions.t, word.t, Tensor{}, Tensor{}, 3, out.t);
+            }).find("position ids given without a pos table"),
+            std::string::npos);
+}
+
+TEST(OpsLayerNorm, WithoutBiasEqualsAZeroBias) {
+  CpuBackend be;
+  const int R = 5, C = 9;
+  HostTensor x = random({R, C}, 1, 0.0f, 2.0f), g = random({C}, 2, 0.5f, 1.5f), zero = filled({C}, 0.0f);
+  HostTensor y(DType::F32, {R, C}), y0(DType::F32, {R, C}), mean(DType::F32, {R}), rstd(DType::F32, {R});
+  ops::layernorm_forward(be, x.t, g.t, Tensor{}, 1e-5f, y.t, mean.t, rstd.t);
+  ops::layernorm_forward(be, x.t, g.t, zero.t, 1e-5f, y0.t, mean.t, rstd.t);
+  expect_same_bits("y", y, y0);
+  HostTensor dy = random({R, C}, 3), dx(DType::F32, {R, C}), dx0(DType::F32, {R, C});
+  HostTensor dg = filled({C}, 0.0f), dg0 = filled({C}, 0.0f), db0 = filled({C}, 0.0f);
+  Tensor no_dbeta;
+  ops::layernorm_backward(be, dy.t, x.t, g.t, mean.t, rstd.t, dx.t, dg.t, no_dbeta);
+  ops::layernorm_backward(be, dy.t, x.t, g.t, mean.t, rstd.t, dx0.t, dg0.t, db0.t);
+  expect_same_bits("dx", dx, dx0);
+  expect_same_bits("dgamma", dg, dg0);
+  // The fused residual forms too.
+  HostTensor res = random({R, C}, 4), sum(DType::F32, {R, C}), sum0(DType::F32, {R, C});
+  ops::dropout_add_layernorm_forward(be, x.t, res.t, {}, g.t, Tensor{}, 1e-5f, sum.t, y.t, mean.t, rstd.t);
+  ops::dropout_add_layernorm_forward(be, x.t, res.t, {}, g.t, zero.t, 1e-5f, sum0.t, y0.t, mean.t, rstd.t);
+  expect_same_bits("fused y", y, y0);
+  HostTensor dxd(DType::F32, {R, C}), dxd0(DType::F32, {R, C});
+  ops::layernorm_dropout_backward(be, dy.t, sum.t, g.t, mean.t, rstd.t, {}, dx.t, dxd.t, dg.t, no_dbeta);
+  ops::layernorm_dropout_backward(be, dy.t, sum0.t, g.t, mean.t, rstd.t, {}, dx0.t, dxd0.t, dg0.t, db0.t);
+  expect_same_bits("fused dsum", dx, dx0);
+  expect_same_bits("fused dx", dxd, dxd0);
+}
+
+// A [T, 3 heads d] qkv turned in place by the angles pos * theta^(-2i/d).
+TEST(OpsRotary, TurnsQueryAndKeyAsTheFormulaAndInverseUndoesIt) {
+  CpuBackend be;
+  const int seq = 5, batch = 2, heads = 2, d = 6, half = d / 2, T = seq * batch, W = 3 * heads * d;
+  const float theta = 500.0f;
+  for (bool given_rows : {false, true}) {
+    HostTensor qkv = random({T, W}, 1), orig = clone(qkv);
+    HostTensor rows = ints({T}, {7, 3, 0, 9, 4, 1, 2, 8, 6, 5});
+    ops::rotary(be, qkv.t, given_rows ? rows.t : Tensor{}, seq, heads, d, theta, false);
+    for (int t = 0; t < T; ++t) {
+      const int pos = (given_rows ? rows.i()[t] : t) % seq;
+      for (int h = 0; h < 3 * heads; ++h)
+        for (int i = 0; i < d; ++i) {
+          const int at = t * W + h * d + i;
+          if (h >= 2 * heads) {  // values are not turned
+            EXPECT_EQ(qkv.f()[at], orig.f()[at]);
+            continue;
+          }
+          const int k = i % half;
+          const double angle = pos * std::pow(double(theta), -2.0 * k / d);
+          const double x1 = orig.f()[t * W + h * d + k], x2 = orig.f()[t * W + h * d + k + half];
+          const double want = i < half ? x1 * std::cos(angle) - x2 * std::sin(angle)
+                                       : x2 * std::cos(angle) + x1 * std::sin(angle);
+          EXPECT_NEAR(qkv.f()[at], want, 2e-6) << "token " << t << " head " << h << " element " << i;
+        }
+    }
+    // The rotation is orthogonal: its inverse is its transpose, so it is also the backward.
+    ops::rotary(be, qkv.t, given_rows ? rows.t : Tensor{}, seq, heads, d, theta, true);
+    for (int64_t i = 0; i < qkv.n(); ++i) EXPECT_NEAR(qkv.f()[i], orig.f()[i], 2e-6);
+  }
+  HostTensor odd = random({4, 3 * 2 * 5}, 1);
+  EXPECT_NE(error_of([&] { ops::rotary(be, odd.t, Tensor{}, 2, 2, 5, theta, false); }).find("head_dim even"),
+            std::string::npos);
+}
+
+TEST(OpsElementwise, GatedActivationMatchesReferenceAndFiniteDifferences) {
+  CpuBackend be;
+  const int R = 3, I = 5;
+  for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+    HostTensor x = random({R, 2 * I}, 1, -2.0f, 2.0f), y(DType::F32, {R, I}), r = random({R, I}, 2);
+    ops::gated_activation_forward(be, a, x.t, y.t);
+    std::vector<double> want(R * I);
+    for (int row = 0; row < R; ++row)
+      for (int c = 0; c < I; ++c)
+        want[row * I + c] = act_ref(a, x.f()[row * 2 * I + c]) * x.f()[row * 2 * I + I + c];
+    expect_close(fmt::format("y ({})", int(a)), y.f(), want, 1e-5);
+    auto loss = [&] {
+      ops::gated_activation_forward(be, a, x.t, y.t);
+      return weighted_sum(y, r);
+    };
+    HostTensor dx(DType::F32, {R, 2 * I});
+    ops::gated_activation_backward(be, a, r.t, x.t, dx.t);
+    expect_grad(fmt::format("dx ({})", int(a)), dx.f(), numeric_grad(x, loss, 1e-3f));
+  }
+  HostTensor odd(DType::F32, {2, 5}), y(DType::F32, {2, 2});
+  EXPECT_THROW(ops::gated_activation_forward(be, Activation::Gelu, odd.t, y.t), Error);
+}
+
+TEST(OpsEmbedding, MeanPoolOverTheAttendedTokens) {
+  CpuBackend be;
+  const int B = 3, S = 4, H = 5;
+  HostTensor hidden = random({B * S, H}, 1), mask = ints({B, S}, {1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1});
+  HostTensor out(DType::F32, {B, H}), r = random({B, H}, 2);
+  ops::mean_pool_forward(be, hidden.t, mask.t, out.t);
+  std::vector<double> want(B * H);
+  for (int b = 0; b < B; ++b)
+    for (int c = 0; c < H; ++c) {
+      double sum = 0, n = 0;
+      for (int s = 0; s < S; ++s)
+        if (mask.i()[b * S + s]) sum += hidden.f()[(b * S + s) * H + c], n += 1;
+      want[b * H + c] = sum / n;
+    }
+  expect_close("pooled", out.f(), want, 1e-6);
+  auto loss = [&] {
+    ops::mean_pool_forward(be, hidden.t, mask.t, out.t);
+    return weighted_sum(out, r);
+  };
+  HostTensor dhidden = filled({B * S, H}, 7.0f);  // overwritten, padding rows included
+  ops::mean_pool_backward(be, r.t, mask.t, dhidden.t);
+  expect_grad("dhidden", dhidden.f(), numeric_grad(hidden, loss));
+  for (int c = 0; c < H; ++c) EXPECT_EQ(dhidden.f()[3 * H + c], 0.0f);
+  HostTensor wrong(DType::F32, {B, H + 1});
+  EXPECT_THROW(ops::mean_pool_forward(be, hidden.t, mask.t, wrong.t), Error);
 }
 
 // ---------------------------------------------------------------------------- loss

@@ -343,6 +343,7 @@ class Backend {
   virtual bool attention_needs_right_padding(DType t) const { return false; }
 
   // Over the last dimension: y = (x - mean) * rstd * gamma + beta; mean, rstd: [rows].
+  // beta may be empty (a LayerNorm without bias, ModernBERT's), and then so is dbeta.
   virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                  Tensor& mean, Tensor& rstd) = 0;
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -363,6 +364,11 @@ class Backend {
   virtual void activation_forward(Activation a, const Tensor& x, Tensor& y) = 0;
   // dx = dy * act'(x); dx may alias dy.
   virtual void activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) = 0;
+  // A gated linear unit (ModernBERT's GeGLU): x [rows, 2I] holds the input u in columns
+  // [0, I) and the gate v in [I, 2I); y [rows, I] = act(u) * v. Backward: dx [rows, 2I]
+  // = (dy * v * act'(u), dy * act(u)).
+  virtual void gated_activation_forward(Activation a, const Tensor& x, Tensor& y) = 0;
+  virtual void gated_activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) = 0;
   virtual void tanh_forward(const Tensor& x, Tensor& y) = 0;
   virtual void tanh_backward(const Tensor& dy, const Tensor& y, Tensor& dx) = 0;  // from the output y
   // y = dropout(x); also its own backward (same spec, applied to dy). y may alias x.
@@ -380,6 +386,21 @@ class Backend {
   // RoBERTa's position ids: for each row of S ids, pad + the count of ids other than pad up
   // to and including this one, and pad itself where the id is pad. ids, out: I32 [B*S].
   virtual void position_ids_after_padding(const Tensor& ids, int32_t pad, int seq, Tensor& out) = 0;
+  // Rotary position embeddings (RoFormer's, as ModernBERT applies them) on the query and
+  // key columns of qkv [T, 3H], in place, heads of head_dim d: in each head, elements i and
+  // i + d/2 (i < d/2) turn by the angle pos * theta^(-2i/d):
+  //   (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin);
+  // inverse turns by the negative angle, which is also the backward. Token t's position is
+  // t % seq, or rows[t] % seq when rows (I32 [T], each token's row in the padded layout of
+  // packed inference) is given. The angle is float arithmetic as transformers', cos and sin
+  // F32 whatever the storage type.
+  virtual void rotary(Tensor& qkv, const Tensor& rows, int seq, int heads, int head_dim, float theta,
+                      bool inverse) = 0;
+  // The mean of each sequence's attended tokens: out[b] = sum over s of mask[b, s] *
+  // hidden[b*S + s], divided by the count of ones (a row without one gives 0). Backward:
+  // dhidden[b*S + s] = mask[b, s] * dout[b] / count, 0 at padding. mask: I32 [B, S].
+  virtual void mean_pool_forward(const Tensor& hidden, const Tensor& mask, Tensor& out) = 0;
+  virtual void mean_pool_backward(const Tensor& dout, const Tensor& mask, Tensor& dhidden) = 0;
   // out[b] = hidden[b*S]  (the [CLS] rows); scatter writes dhidden = 0 except those rows.
   virtual void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) = 0;
   virtual void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) = 0;

@@ -54,6 +54,11 @@ class CpuBackend final : public Backend {
   void embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types, const Tensor& positions,
                           int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) override;
   void position_ids_after_padding(const Tensor& ids, int32_t pad, int seq, Tensor& out) override;
+  void gated_activation_forward(Activation a, const Tensor& x, Tensor& y) override;
+  void gated_activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) override;
+  void rotary(Tensor& qkv, const Tensor& rows, int seq, int heads, int head_dim, float theta, bool inverse) override;
+  void mean_pool_forward(const Tensor& hidden, const Tensor& mask, Tensor& out) override;
+  void mean_pool_backward(const Tensor& dout, const Tensor& mask, Tensor& dhidden) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,

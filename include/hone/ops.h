@@ -42,6 +42,8 @@ void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum
 
 void activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y);
 void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx);
+void gated_activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y);
+void gated_activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx);
 void tanh_forward(Backend& be, const Tensor& x, Tensor& y);
 void tanh_backward(Backend& be, const Tensor& dy, const Tensor& y, Tensor& dx);
 void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y);
@@ -52,6 +54,10 @@ void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, cons
 void embedding_backward(Backend& be, const Tensor& dout, const Tensor& ids, const Tensor& types,
                         const Tensor& positions, int seq, Tensor& dword, Tensor& dpos, Tensor& dtype);
 void position_ids_after_padding(Backend& be, const Tensor& ids, int32_t pad, int seq, Tensor& out);
+void rotary(Backend& be, Tensor& qkv, const Tensor& rows, int seq, int heads, int head_dim, float theta,
+            bool inverse);
+void mean_pool_forward(Backend& be, const Tensor& hidden, const Tensor& mask, Tensor& out);
+void mean_pool_backward(Backend& be, const Tensor& dout, const Tensor& mask, Tensor& dhidden);
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
 void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);

@@ -213,6 +213,71 @@ void launch_with_grad(cudaStream_t s, const Tensor& x, Tensor& y, Tensor& dx, F 
   });
 }
 
+// A gated unit over x [rows, 2 half] (input u, then gate v): groups of V columns of one
+// row, V = kVec<T> when every row starts 16-byte aligned, else 1. Forward: y = act(u) v.
+// Backward: dx = (dy v act'(u), dy act(u)); f is a WithGrad-style functor.
+template <typename T, int V, typename F>
+__global__ void gated_kernel(const T* x, const T* dy, T* out, int64_t rows, int64_t half, bool backward, F f) {
+  const int64_t groups_per_row = half / V, groups = rows * groups_per_row;
+  for (int64_t g = cuda::grid_start(); g < groups; g += cuda::grid_stride()) {
+    const int64_t r = g / groups_per_row, c = (g % groups_per_row) * V;
+    const T* xr = x + r * 2 * half;
+    float u[V], v[V], d[V];
+    load_group(xr, c, half, V > 1, u);
+    load_group(xr + half, c, half, V > 1, v);
+    if (!backward) {
+      float dummy[V] = {};
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        f(u[k], dummy[k]);
+        u[k] = u[k] * v[k];
+      }
+      store_group(out + r * half, c, half, V > 1, u);
+      continue;
+    }
+    load_group(dy + r * half, c, half, V > 1, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float du = d[k] * v[k];
+      f(u[k], du);          // u becomes act(u), du becomes dy v act'(u)
+      v[k] = d[k] * u[k];   // the gate's gradient
+      u[k] = du;
+    }
+    store_group(out + r * 2 * half, c, half, V > 1, u);
+    store_group(out + r * 2 * half + half, c, half, V > 1, v);
+  }
+}
+
+template <typename F>
+void launch_gated(cudaStream_t s, const Tensor& x, const Tensor* dy, Tensor& out, F f) {
+  const int64_t rows = x.shape[0], half = x.shape[1] / 2;
+  if (rows == 0 || half == 0) return;
+  cuda::with_dtype(x.dtype, "gated activation", [&](auto t) {
+    using T = decltype(t);
+    constexpr int V = cuda::kVec<T>;
+    const T* xp = x.ptr<T>();
+    const T* dp = dy ? dy->ptr<T>() : nullptr;
+    T* op = out.ptr<T>();
+    const bool vec = half % V == 0 && cuda::aligned16(xp) && cuda::aligned16(dp) && cuda::aligned16(op);
+    if (vec)
+      gated_kernel<T, V><<<cuda::blocks_for(rows * (half / V)), cuda::kThreads, 0, s>>>(xp, dp, op, rows, half,
+                                                                                       dy != nullptr, f);
+    else
+      gated_kernel<T, 1><<<cuda::blocks_for(rows * half), cuda::kThreads, 0, s>>>(xp, dp, op, rows, half,
+                                                                                  dy != nullptr, f);
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+template <typename Launch>
+void with_activation_grad(Activation a, Launch launch) {
+  switch (a) {
+    case Activation::Gelu: return launch(GeluWithGrad{});
+    case Activation::GeluTanh: return launch(WithGrad<GeluTanh, GeluTanhGrad>{});
+    case Activation::Relu: return launch(WithGrad<Relu, ReluGrad>{});
+  }
+}
+
 // residual may be null (plain dropout).
 void launch_dropout(cudaStream_t s, const Tensor& x, const Tensor* residual, const DropoutSpec& d, Tensor& out) {
   const int64_t n = x.numel();
@@ -253,6 +318,14 @@ void CudaBackend::activation_and_gradient(Activation a, const Tensor& x, Tensor&
     case Activation::GeluTanh: return launch_with_grad(stream(), x, y, dx, WithGrad<GeluTanh, GeluTanhGrad>{});
     case Activation::Relu: return launch_with_grad(stream(), x, y, dx, WithGrad<Relu, ReluGrad>{});
   }
+}
+
+void CudaBackend::gated_activation_forward(Activation a, const Tensor& x, Tensor& y) {
+  with_activation_grad(a, [&](auto f) { launch_gated(stream(), x, nullptr, y, f); });
+}
+
+void CudaBackend::gated_activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  with_activation_grad(a, [&](auto f) { launch_gated(stream(), x, &dy, dx, f); });
 }
 
 void CudaBackend::tanh_forward(const Tensor& x, Tensor& y) { launch_unary(stream(), x, y, Tanh{}); }

@@ -31,19 +31,24 @@ __device__ __forceinline__ int64_t position_row(const int32_t* positions, int64_
 }
 __device__ __forceinline__ int32_t type_row(const int32_t* types, int64_t t) { return types ? types[t] : 0; }
 
-// type null: no type term (a family without token types).
+// type null: no type term (a family without token types); pos null: no position term
+// (rotary positions, ModernBERT).
 template <typename T, int V>
 __global__ void embedding_forward_kernel(const int32_t* ids, const int32_t* types, const int32_t* positions,
                                          const T* word, const T* pos, const T* type, int64_t tokens, int64_t hidden,
                                          int seq, T* out) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* w = word + int64_t(ids[t]) * hidden;
-    const T* p = pos + position_row(positions, t, seq) * hidden;
+    const T* p = pos ? pos + position_row(positions, t, seq) * hidden : nullptr;
     const T* ty = type ? type + int64_t(type_row(types, t)) * hidden : nullptr;
     T* o = out + t * hidden;
     for (int64_t c = int64_t(threadIdx.x) * V; c < hidden; c += int64_t(blockDim.x) * V) {
       float a[V], b[V], e[V];
       load_row(w + c, a);
+      if (!p) {
+        store_row(o + c, a);
+        continue;
+      }
       load_row(p + c, b);
       if (ty) {
         load_row(ty + c, e);
@@ -64,7 +69,7 @@ constexpr int64_t kTokenChunk = 32;
 // Threads own columns; each block walks a chunk of consecutive tokens. Runs of tokens
 // with the same word id, type or position (padding, segments, RoBERTa's padding position)
 // are summed in registers and added once, so the atomics to popular rows are far fewer
-// than the tokens. dtype null: no type table.
+// than the tokens. dtype null: no type table; dpos null: no position table.
 template <typename T>
 __global__ void embedding_backward_kernel(const T* dout, const int32_t* ids, const int32_t* types,
                                           const int32_t* positions, int64_t tokens, int64_t hidden, int seq,
@@ -79,7 +84,7 @@ __global__ void embedding_backward_kernel(const T* dout, const int32_t* ids, con
       for (int64_t t = t0; t < t1; ++t) {
         const float g = cuda::to_float(dout[t * hidden + c]);
         const int64_t p = position_row(positions, t, seq);
-        if (p != pos_id) {
+        if (dpos && p != pos_id) {
           atomicAdd(dpos + pos_id * hidden + c, pos_sum);
           pos_id = p, pos_sum = 0.0f;
         }
@@ -98,7 +103,7 @@ __global__ void embedding_backward_kernel(const T* dout, const int32_t* ids, con
           type_sum += g;
         }
       }
-      atomicAdd(dpos + pos_id * hidden + c, pos_sum);
+      if (dpos) atomicAdd(dpos + pos_id * hidden + c, pos_sum);
       atomicAdd(dword + int64_t(word_id) * hidden + c, word_sum);
       if (dtype) atomicAdd(dtype + int64_t(type_id) * hidden + c, type_sum);
     }
@@ -151,6 +156,44 @@ __global__ void scatter_first_tokens_kernel(const U* dout, int64_t rows, int64_t
   }
 }
 
+// The count of ones in mask row b, in every thread of the block.
+__device__ __forceinline__ int attended(const int32_t* mask_row, int seq) {
+  __shared__ int scratch[32];
+  int n = 0;
+  for (int s = threadIdx.x; s < seq; s += blockDim.x) n += mask_row[s] != 0;
+  return cuda::block_sum(n, scratch);
+}
+
+// Block (x, b): columns x * blockDim.x .. of sequence b; each thread sums its column over
+// the attended rows in order, as the CPU does, so F32 results are the CPU's.
+template <typename T>
+__global__ void mean_pool_forward_kernel(const T* hidden, const int32_t* mask, int seq, int64_t width, T* out) {
+  const int b = blockIdx.y;
+  const int32_t* m = mask + int64_t(b) * seq;
+  const int n = attended(m, seq);
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  float sum = 0.0f;
+  for (int s = 0; s < seq; ++s)
+    if (m[s]) sum += cuda::to_float(hidden[(int64_t(b) * seq + s) * width + c]);
+  out[int64_t(b) * width + c] = cuda::from_float<T>(n > 0 ? sum / float(n) : 0.0f);
+}
+
+// Block (x, b): rows x * kPoolRows .. of sequence b, every column.
+constexpr int kPoolRows = 32;
+template <typename T>
+__global__ void mean_pool_backward_kernel(const T* dout, const int32_t* mask, int seq, int64_t width, T* dhidden) {
+  const int b = blockIdx.y;
+  const int32_t* m = mask + int64_t(b) * seq;
+  const float n = float(attended(m, seq));
+  const int s1 = min(seq, int(blockIdx.x + 1) * kPoolRows);
+  for (int s = blockIdx.x * kPoolRows; s < s1; ++s) {
+    T* h = dhidden + (int64_t(b) * seq + s) * width;
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
+      h[c] = cuda::from_float<T>(m[s] ? cuda::to_float(dout[int64_t(b) * width + c]) / n : 0.0f);
+  }
+}
+
 // Runs f(U{}, width in units) with U = int4 when rows of `width` elements of `t` are
 // whole 16-byte units at 16-byte aligned bases, else with U the element's bits.
 template <typename F>
@@ -198,7 +241,7 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& ids, cons
     using T = decltype(e);
     embedding_backward_kernel<<<grid, cuda::kThreads, 0, stream()>>>(
         dout.ptr<T>(), ids.ptr<int32_t>(), types.ptr<int32_t>(), positions.ptr<int32_t>(), tokens, hidden, seq,
-        dword.f32(), dpos.f32(), dtype.data ? dtype.f32() : nullptr);
+        dword.f32(), dpos.data ? dpos.f32() : nullptr, dtype.data ? dtype.f32() : nullptr);
     HONE_CUDA_LAUNCH_CHECK();
   });
 }
@@ -231,6 +274,32 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst
     using U = decltype(u);
     gather_rows_kernel<<<cuda::blocks_for_rows(n), cuda::kThreads, 0, stream()>>>(src.ptr<U>(), rows.ptr<int32_t>(),
                                                                                  n, units, dst.ptr<U>());
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::mean_pool_forward(const Tensor& hidden, const Tensor& mask, Tensor& out) {
+  const int batch = int(mask.shape[0]), seq = int(mask.shape[1]);
+  const int64_t width = hidden.shape[1];
+  if (batch == 0 || width == 0) return;
+  const dim3 grid(unsigned((width + cuda::kThreads - 1) / cuda::kThreads), unsigned(batch));
+  cuda::with_dtype(hidden.dtype, "mean_pool_forward", [&](auto e) {
+    using T = decltype(e);
+    mean_pool_forward_kernel<<<grid, cuda::kThreads, 0, stream()>>>(hidden.ptr<T>(), mask.ptr<int32_t>(), seq,
+                                                                     width, out.ptr<T>());
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::mean_pool_backward(const Tensor& dout, const Tensor& mask, Tensor& dhidden) {
+  const int batch = int(mask.shape[0]), seq = int(mask.shape[1]);
+  const int64_t width = dout.shape[1];
+  if (batch == 0 || width == 0) return;
+  const dim3 grid(unsigned((seq + kPoolRows - 1) / kPoolRows), unsigned(batch));
+  cuda::with_dtype(dout.dtype, "mean_pool_backward", [&](auto e) {
+    using T = decltype(e);
+    mean_pool_backward_kernel<<<grid, cuda::kThreads, 0, stream()>>>(dout.ptr<T>(), mask.ptr<int32_t>(), seq,
+                                                                      width, dhidden.ptr<T>());
     HONE_CUDA_LAUNCH_CHECK();
   });
 }

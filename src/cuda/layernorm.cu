@@ -139,9 +139,9 @@ __global__ void __launch_bounds__(1024)
   for (int g = 0; g < G; ++g) {
     const int c = (g * blockDim.x + threadIdx.x) * W;
     if (c >= cols) continue;
-    float gm[W], bt[W];
+    float gm[W], bt[W] = {};
     load_run<W>(gamma + c, gm);
-    load_run<W>(beta + c, bt);
+    if (beta) load_run<W>(beta + c, bt);  // null: no bias (ModernBERT)
     #pragma unroll
     for (int t = 0; t < W; ++t) v[g][t] = (v[g][t] - mu) * rs * gm[t] + bt[t];
     store_run<W>(y + row * cols + c, v[g]);
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
       #pragma unroll
       for (int t = 0; t < W; ++t) {
         atomicAdd(dgamma + c + t, dg[g][t]);
-        atomicAdd(dbeta + c + t, db[g][t]);
+        if (dbeta) atomicAdd(dbeta + c + t, db[g][t]);
       }
     }
     return;
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
         b += red[1][s * span + j];
       }
       atomicAdd(dgamma + g * span + j, a);
-      atomicAdd(dbeta + g * span + j, b);
+      if (dbeta) atomicAdd(dbeta + g * span + j, b);
     }
   }
 }
@@ -268,7 +268,8 @@ void layernorm_backward_as(const Tensor& dy, const Tensor& x, const Tensor& gamm
   // One wave of blocks at most: more rows per block means fewer atomics per column.
   l.grid.x = std::min(l.grid.x, unsigned(4 * sms));
   layernorm_backward_kernel<T, W, kFused><<<l.grid, l.block, 0, stream>>>(
-      dy.ptr<T>(), x.ptr<T>(), gamma.ptr<T>(), mean.f32(), rstd.f32(), dx.ptr<T>(), dgamma.f32(), dbeta.f32(), rows,
+      dy.ptr<T>(), x.ptr<T>(), gamma.ptr<T>(), mean.f32(), rstd.f32(), dx.ptr<T>(), dgamma.f32(),
+      dbeta.data ? dbeta.f32() : nullptr, rows,
       int(cols), fd, dropped_dx);
   HONE_CUDA_LAUNCH_CHECK();
 }

@@ -39,6 +39,37 @@ void activation_backward(Backend& be, Activation a, const Tensor& dy, const Tens
   be.activation_backward(a, dy, x, dx);
 }
 
+namespace {
+
+// x [rows, 2I] against y [rows, I]; returns I.
+int64_t check_gated(Backend& be, const char* op, const Tensor& x, const Tensor& y, const char* y_name) {
+  detail::expect_compute(be, op, "x", x);
+  detail::expect_rank(op, "x", x, 2);
+  if (x.shape[1] % 2 != 0) fail("{}: x has shape {}, whose columns are not input and gate halves", op, x.shape.str());
+  detail::expect(op, y_name, y, x.dtype, {x.shape[0], x.shape[1] / 2});
+  return x.shape[1] / 2;
+}
+
+}  // namespace
+
+void gated_activation_forward(Backend& be, Activation a, const Tensor& x, Tensor& y) {
+  const char* op = "gated_activation_forward";
+  check_gated(be, op, x, y, "y");
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Elementwise, {0, detail::bytes(x, y)});
+  be.gated_activation_forward(a, x, y);
+}
+
+void gated_activation_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const char* op = "gated_activation_backward";
+  check_gated(be, op, x, dy, "dy");
+  detail::expect(op, "dx", dx, x.dtype, x.shape);
+  if (be.dry_run) return;
+  detail::expect_disjoint(op, {{"dx", dx}}, {{"dy", dy}, {"x", x}}, {"", ""});
+  detail::OpScope scope(be, op, OpClass::Elementwise, {0, detail::bytes(dy, x, dx)});
+  be.gated_activation_backward(a, dy, x, dx);
+}
+
 void tanh_forward(Backend& be, const Tensor& x, Tensor& y) {
   detail::expect_compute(be, "tanh_forward", "x", x);
   check_same("tanh_forward", "y", y, "x", x);
@@ -135,6 +166,50 @@ void CpuBackend::activation_backward(Activation a, const Tensor& dy, const Tenso
     case Activation::Relu:  // zero gradient at 0, as torch
       return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = xp[i] > 0.0f ? dyp[i] : 0.0f; });
   }
+}
+
+namespace {
+
+float activate(Activation a, float x) {
+  switch (a) {
+    case Activation::Gelu: return gelu(x);
+    case Activation::GeluTanh: return gelu_tanh(x);
+    case Activation::Relu: return std::max(x, 0.0f);
+  }
+  return x;
+}
+
+float activation_grad(Activation a, float x) {
+  switch (a) {
+    case Activation::Gelu: return gelu_grad(x);
+    case Activation::GeluTanh: return gelu_tanh_grad(x);
+    case Activation::Relu: return x > 0.0f ? 1.0f : 0.0f;
+  }
+  return 1.0f;
+}
+
+}  // namespace
+
+void CpuBackend::gated_activation_forward(Activation a, const Tensor& x, Tensor& y) {
+  const int64_t rows = x.shape[0], half = x.shape[1] / 2;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < half; ++c) yp[r * half + c] = activate(a, xp[r * 2 * half + c]) * xp[r * 2 * half + half + c];
+}
+
+void CpuBackend::gated_activation_backward(Activation a, const Tensor& dy, const Tensor& x, Tensor& dx) {
+  const int64_t rows = x.shape[0], half = x.shape[1] / 2;
+  const float *dyp = dy.f32(), *xp = x.f32();
+  float* dxp = dx.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < half; ++c) {
+      const float u = xp[r * 2 * half + c], v = xp[r * 2 * half + half + c], d = dyp[r * half + c];
+      dxp[r * 2 * half + c] = d * v * activation_grad(a, u);
+      dxp[r * 2 * half + half + c] = d * activate(a, u);
+    }
 }
 
 void CpuBackend::tanh_forward(const Tensor& x, Tensor& y) {

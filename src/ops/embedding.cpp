@@ -12,8 +12,8 @@ namespace ops {
 
 namespace {
 
-// Checks ids, types and positions (each I32 [B*S], or empty) and the tables (type may be
-// empty); returns the embedding width. The tables have dtype `table`: the compute dtype's
+// Checks ids, types and positions (each I32 [B*S], or empty) and the tables (pos and type
+// may be empty); returns the embedding width. The tables have dtype `table`: the compute dtype's
 // weights, or F32 gradients.
 int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, const Tensor& positions, int seq,
                         DType table, const Tensor& word, const char* word_name, const Tensor& pos,
@@ -26,11 +26,15 @@ int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, 
   detail::expect_dtype(op, word_name, word, table);
   detail::expect_rank(op, word_name, word, 2);
   const int64_t hidden = word.shape[1];
-  detail::expect_dtype(op, pos_name, pos, table);
-  detail::expect_rank(op, pos_name, pos, 2);
-  // Positions given are checked against the table where they are read.
-  if ((!positions.data && pos.shape[0] < seq) || pos.shape[1] != hidden)
-    fail("{}: {} has shape {}, expected [>= {}, {}]", op, pos_name, pos.shape.str(), seq, hidden);
+  if (pos.data) {
+    detail::expect_dtype(op, pos_name, pos, table);
+    detail::expect_rank(op, pos_name, pos, 2);
+    // Positions given are checked against the table where they are read.
+    if ((!positions.data && pos.shape[0] < seq) || pos.shape[1] != hidden)
+      fail("{}: {} has shape {}, expected [>= {}, {}]", op, pos_name, pos.shape.str(), seq, hidden);
+  } else if (positions.data) {
+    fail("{}: position ids given without a {} table", op, pos_name);
+  }
   if (!type.data) {
     if (types.data) fail("{}: token types given without a {} table", op, type_name);
     return hidden;
@@ -94,6 +98,36 @@ void position_ids_after_padding(Backend& be, const Tensor& ids, int32_t pad, int
   be.position_ids_after_padding(ids, pad, seq, out);
 }
 
+namespace {
+
+// hidden [B*S, H] against the mask [B, S] and the pooled rows [B, H].
+void check_mean_pool(Backend& be, const char* op, const Tensor& hidden, const char* hidden_name, const Tensor& mask,
+                     const Tensor& pooled, const char* pooled_name) {
+  detail::expect_compute(be, op, hidden_name, hidden);
+  detail::expect_rank(op, hidden_name, hidden, 2);
+  detail::expect_dtype(op, "mask", mask, DType::I32);
+  detail::expect_rank(op, "mask", mask, 2);
+  if (hidden.shape[0] != mask.numel())
+    fail("{}: {} has {} rows, expected one per mask element ({})", op, hidden_name, hidden.shape[0], mask.numel());
+  detail::expect(op, pooled_name, pooled, hidden.dtype, {mask.shape[0], hidden.shape[1]});
+}
+
+}  // namespace
+
+void mean_pool_forward(Backend& be, const Tensor& hidden, const Tensor& mask, Tensor& out) {
+  check_mean_pool(be, "mean_pool_forward", hidden, "hidden", mask, out, "out");
+  if (be.dry_run) return;
+  detail::OpScope scope(be, "mean_pool_forward", OpClass::Elementwise, {double(hidden.numel()), detail::bytes(hidden, mask, out)});
+  be.mean_pool_forward(hidden, mask, out);
+}
+
+void mean_pool_backward(Backend& be, const Tensor& dout, const Tensor& mask, Tensor& dhidden) {
+  check_mean_pool(be, "mean_pool_backward", dhidden, "dhidden", mask, dout, "dout");
+  if (be.dry_run) return;
+  detail::OpScope scope(be, "mean_pool_backward", OpClass::Elementwise, {double(dhidden.numel()), detail::bytes(dout, mask, dhidden)});
+  be.mean_pool_backward(dout, mask, dhidden);
+}
+
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out) {
   check_first_tokens(be, "gather_first_tokens", hidden, "hidden", out, "out", seq);
   if (be.dry_run) return;
@@ -152,17 +186,21 @@ TokenRows token_rows(const Tensor& types, const Tensor& positions, const Tensor&
 
 void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& types, const Tensor& positions,
                                    const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out) {
-  check_ids(ids, types, positions, word.shape[0], type.data ? type.shape[0] : 1, pos.shape[0]);
+  check_ids(ids, types, positions, word.shape[0], type.data ? type.shape[0] : 1, pos.data ? pos.shape[0] : 0);
   const int64_t tokens = ids.numel(), hidden = word.shape[1];
   const int32_t* ip = ids.ptr<int32_t>();
-  const float *wp = word.f32(), *pp = pos.f32(), *typ = type.data ? type.f32() : nullptr;
+  const float *wp = word.f32(), *pp = pos.data ? pos.f32() : nullptr, *typ = type.data ? type.f32() : nullptr;
   float* op = out.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const TokenRows r = token_rows(types, positions, type, t, seq);
     const float* w = wp + ip[t] * hidden;
-    const float* p = pp + r.position * hidden;
     float* o = op + t * hidden;
+    if (!pp) {  // rotary positions (ModernBERT): the word's row alone
+      std::copy(w, w + hidden, o);
+      continue;
+    }
+    const float* p = pp + r.position * hidden;
     if (r.type < 0) {
       for (int64_t c = 0; c < hidden; ++c) o[c] = w[c] + p[c];
     } else {
@@ -174,11 +212,11 @@ void CpuBackend::embedding_forward(const Tensor& ids, const Tensor& types, const
 
 void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const Tensor& types,
                                     const Tensor& positions, int seq, Tensor& dword, Tensor& dpos, Tensor& dtype) {
-  check_ids(ids, types, positions, dword.shape[0], dtype.data ? dtype.shape[0] : 1, dpos.shape[0]);
+  check_ids(ids, types, positions, dword.shape[0], dtype.data ? dtype.shape[0] : 1, dpos.data ? dpos.shape[0] : 0);
   const int64_t tokens = ids.numel(), hidden = dword.shape[1];
   const int32_t* ip = ids.ptr<int32_t>();
   const float* dp = dout.f32();
-  float *dwp = dword.f32(), *dpp = dpos.f32(), *dtp = dtype.data ? dtype.f32() : nullptr;
+  float *dwp = dword.f32(), *dpp = dpos.data ? dpos.f32() : nullptr, *dtp = dtype.data ? dtype.f32() : nullptr;
   // Tokens repeat ids, so threads split the hidden columns rather than the tokens.
   constexpr int64_t kBlock = 64;
 #pragma omp parallel for schedule(static)
@@ -188,10 +226,10 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& ids, const
       const TokenRows r = token_rows(types, positions, dtype, t, seq);
       const float* d = dp + t * hidden;
       float* w = dwp + ip[t] * hidden;
-      float* p = dpp + r.position * hidden;
-      for (int64_t c = c0; c < c1; ++c) {
-        w[c] += d[c];
-        p[c] += d[c];
+      for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+      if (dpp) {
+        float* p = dpp + r.position * hidden;
+        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
       }
       if (r.type >= 0) {
         float* ty = dtp + r.type * hidden;
@@ -219,6 +257,48 @@ void CpuBackend::gather_first_tokens(const Tensor& hidden, int seq, Tensor& out)
   const float* hp = hidden.f32();
   float* op = out.f32();
   for (int64_t b = 0; b < batch; ++b) std::memcpy(op + b * width, hp + b * seq * width, width * sizeof(float));
+}
+
+namespace {
+
+int64_t attended(const int32_t* mask_row, int64_t seq) {
+  int64_t n = 0;
+  for (int64_t s = 0; s < seq; ++s) n += mask_row[s] != 0;
+  return n;
+}
+
+}  // namespace
+
+void CpuBackend::mean_pool_forward(const Tensor& hidden, const Tensor& mask, Tensor& out) {
+  const int64_t batch = mask.shape[0], seq = mask.shape[1], width = hidden.shape[1];
+  const int32_t* mp = mask.ptr<int32_t>();
+  const float* hp = hidden.f32();
+  float* op = out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = attended(mp + b * seq, seq);
+    float* o = op + b * width;
+    std::fill(o, o + width, 0.0f);
+    for (int64_t s = 0; s < seq; ++s)
+      if (mp[b * seq + s])
+        for (int64_t c = 0; c < width; ++c) o[c] += hp[(b * seq + s) * width + c];
+    if (n > 0)
+      for (int64_t c = 0; c < width; ++c) o[c] /= float(n);
+  }
+}
+
+void CpuBackend::mean_pool_backward(const Tensor& dout, const Tensor& mask, Tensor& dhidden) {
+  const int64_t batch = mask.shape[0], seq = mask.shape[1], width = dout.shape[1];
+  const int32_t* mp = mask.ptr<int32_t>();
+  const float* dp = dout.f32();
+  float* hp = dhidden.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < batch; ++b) {
+    const float n = float(attended(mp + b * seq, seq));
+    for (int64_t s = 0; s < seq; ++s)
+      for (int64_t c = 0; c < width; ++c)
+        hp[(b * seq + s) * width + c] = mp[b * seq + s] ? dp[b * width + c] / n : 0.0f;
+  }
 }
 
 void CpuBackend::gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {

@@ -31,7 +31,7 @@ int64_t check_layernorm(Backend& be, const char* op, const char* x_name, const T
 void layernorm_forward(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                        Tensor& mean, Tensor& rstd) {
   const int64_t cols = check_layernorm(be, "layernorm_forward", "x", x, gamma, mean, rstd);
-  detail::expect("layernorm_forward", "beta", beta, x.dtype, {cols});
+  if (beta.data) detail::expect("layernorm_forward", "beta", beta, x.dtype, {cols});  // empty: no bias
   detail::expect("layernorm_forward", "y", y, x.dtype, x.shape);
   if (be.dry_run) return;
   detail::OpScope scope(be, "layernorm_forward", OpClass::Normalization,
@@ -45,7 +45,7 @@ void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Te
   detail::expect("layernorm_backward", "dy", dy, x.dtype, x.shape);
   detail::expect("layernorm_backward", "dx", dx, x.dtype, x.shape);
   detail::expect("layernorm_backward", "dgamma", dgamma, DType::F32, {cols});
-  detail::expect("layernorm_backward", "dbeta", dbeta, DType::F32, {cols});
+  if (dbeta.data) detail::expect("layernorm_backward", "dbeta", dbeta, DType::F32, {cols});
   if (be.dry_run) return;
   detail::OpScope scope(be, "layernorm_backward", OpClass::Normalization,
                         {12.0 * double(x.numel()), detail::bytes(dy, x, gamma, mean, rstd, dx, dgamma, dgamma, dbeta, dbeta)});
@@ -59,7 +59,7 @@ void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& r
   detail::expect_dropout(op, d);
   const int64_t cols = check_layernorm(be, op, "x", x, gamma, mean, rstd);
   detail::expect(op, "residual", residual, x.dtype, x.shape);
-  detail::expect(op, "beta", beta, x.dtype, {cols});
+  if (beta.data) detail::expect(op, "beta", beta, x.dtype, {cols});  // empty: no bias
   detail::expect(op, "sum", sum, x.dtype, x.shape);
   detail::expect(op, "y", y, x.dtype, x.shape);
   if (be.dry_run) return;
@@ -80,7 +80,7 @@ void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum
   detail::expect(op, "dsum", dsum, sum.dtype, sum.shape);
   detail::expect(op, "dx", dx, sum.dtype, sum.shape);
   detail::expect(op, "dgamma", dgamma, DType::F32, {cols});
-  detail::expect(op, "dbeta", dbeta, DType::F32, {cols});
+  if (dbeta.data) detail::expect(op, "dbeta", dbeta, DType::F32, {cols});
   if (be.dry_run) return;
   detail::expect_disjoint(op, {{"dsum", dsum}, {"dx", dx}, {"dgamma", dgamma}, {"dbeta", dbeta}},
                           {{"dy", dy}, {"sum", sum}, {"gamma", gamma}, {"mean", mean}, {"rstd", rstd}},
@@ -96,7 +96,7 @@ void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum
 void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                    Tensor& mean, Tensor& rstd) {
   const int64_t cols = x.shape[x.shape.rank - 1], rows = mean.numel();
-  const float *xp = x.f32(), *gp = gamma.f32(), *bp = beta.f32();
+  const float *xp = x.f32(), *gp = gamma.f32(), *bp = beta.data ? beta.f32() : nullptr;
   float *yp = y.f32(), *mp = mean.f32(), *rp = rstd.f32();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -108,7 +108,7 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
     for (int64_t c = 0; c < cols; ++c) sq += (xr[c] - mu) * (xr[c] - mu);
     const float m = float(mu), rs = float(1.0 / std::sqrt(sq / double(cols) + double(eps)));
     float* yr = yp + r * cols;
-    for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * rs * gp[c] + bp[c];
+    for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * rs * gp[c] + (bp ? bp[c] : 0.0f);
     mp[r] = m;
     rp[r] = rs;
   }
@@ -118,7 +118,7 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
                                     const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const int64_t cols = x.shape[x.shape.rank - 1], rows = mean.numel();
   const float *dyp = dy.f32(), *xp = x.f32(), *gp = gamma.f32(), *mp = mean.f32(), *rp = rstd.f32();
-  float *dxp = dx.f32(), *dgp = dgamma.f32(), *dbp = dbeta.f32();
+  float *dxp = dx.f32(), *dgp = dgamma.f32(), *dbp = dbeta.data ? dbeta.f32() : nullptr;
 
   // Parameter gradients first (so that dx may alias dy), one block of columns per
   // iteration: no two threads add into the same element.
@@ -136,7 +136,7 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
     }
     for (int64_t c = c0; c < c1; ++c) {
       dgp[c] += float(dg[c - c0]);
-      dbp[c] += float(db[c - c0]);
+      if (dbp) dbp[c] += float(db[c - c0]);
     }
   }
 
