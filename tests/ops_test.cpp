@@ -15,6 +15,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/philox.h"
+#include "hone/profile.h"
 #include "test_util.h"
 
 namespace hone {
@@ -338,6 +339,228 @@ TEST(OpsAttention, WrapperChecksShapesAndWorkspace) {
   wrong.heads = 4;
   EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, wrong, {}, c.stats.t, c.keep, c.ctx.t, c.work.t), Error);
   EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.stats.t, c.keep, c.ctx.t, c.work.t), Error);
+}
+
+// ---------------------------------------------------------------------------- sliding-window attention
+
+// Nine tokens, so that windows 0, 1 and 3 leave keys out of most rows. Sequence 0 pads its
+// middle key, sequence 1 its last three: with window 1, query 8 of sequence 1 sees only
+// padded keys (7 and 8), so its row is uniform over them, and with window 0 every padded
+// query sees only itself.
+struct WindowCase {
+  AttentionDims d{2, 9, 2, 4, 0.5f};
+  HostTensor qkv = random({18, 24}, 21, -2.0f, 2.0f);
+  HostTensor mask = ints({2, 9}, {1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0});
+  HostTensor stats{DType::F32, {2, 2, 9, 2}};
+  HostTensor ctx{DType::F32, {18, 8}};
+  HostTensor work;
+  Tensor keep;
+  WindowCase(const Backend& be, int window) {
+    d.window = window;
+    work = HostTensor(DType::F32, {be.attention_workspace_elems(d, DType::F32)});
+  }
+};
+
+// Windowed attention from its definition, in double, with explicit loops: query i weighs
+// key j only if |i - j| <= window (window < 0: every key), a padded key inside the window
+// scoring exactly -FLT_MAX (the float sum of the score and the float minimum); stats, ctx
+// and, given dctx, the gradient dqkv [B*S, 3H] (P' = the dropped and scaled P:
+// dV = P'^T dO, dP = keep / (1 - p) dO V^T, dS = P (dP - rowsum(P dP)), dQ = scale dS K,
+// dK = scale dS^T Q).
+struct WindowReference {
+  std::vector<double> stats, ctx, dqkv;
+};
+WindowReference window_reference(const WindowCase& c, const DropoutSpec& drop, const float* dctx) {
+  const AttentionDims& d = c.d;
+  const int S = d.seq, H = d.hidden(), hd = d.head_dim;
+  const float* qkv = c.qkv.t.f32();
+  const int32_t* mask = c.mask.t.ptr<int32_t>();
+  WindowReference r;
+  r.stats.assign(size_t(d.batch) * d.heads * S * 2, 0.0);
+  r.ctx.assign(size_t(d.batch) * S * H, 0.0);
+  r.dqkv.assign(size_t(d.batch) * S * 3 * H, 0.0);
+  auto x = [&](int b, int s, int col) { return double(qkv[(b * S + s) * 3 * H + col]); };
+  const double keep_scale = 1.0 / (1.0 - drop.p);
+  for (int b = 0; b < d.batch; ++b)
+    for (int h = 0; h < d.heads; ++h) {
+      // P and the keep decisions of this head, [S][S]; out-of-window entries stay 0.
+      std::vector<double> p(size_t(S) * S, 0.0), kept(size_t(S) * S, 0.0);
+      for (int i = 0; i < S; ++i) {
+        const auto in_window = [&](int j) { return d.window < 0 || std::abs(i - j) <= d.window; };
+        double mx = -INFINITY, sum = 0;
+        std::vector<double> score(S);
+        for (int j = 0; j < S; ++j) {
+          if (!in_window(j)) continue;
+          double dot = 0;
+          for (int e = 0; e < hd; ++e) dot += x(b, i, h * hd + e) * x(b, j, H + h * hd + e);
+          score[j] = mask[b * S + j] ? d.scale * dot : -double(FLT_MAX);
+          mx = std::max(mx, score[j]);
+        }
+        for (int j = 0; j < S; ++j)
+          if (in_window(j)) sum += std::exp(score[j] - mx);
+        const size_t row = (size_t(b) * d.heads + h) * S + i;
+        r.stats[2 * row] = mx;
+        r.stats[2 * row + 1] = 1.0 / sum;
+        for (int j = 0; j < S; ++j) {
+          if (!in_window(j)) continue;
+          p[i * S + j] = std::exp(score[j] - mx) / sum;
+          const bool keep = drop.p == 0 || attention_keep(drop.seed, drop.stream, row * S + j, drop.p);
+          kept[i * S + j] = keep ? keep_scale : 0.0;
+          for (int e = 0; e < hd; ++e)
+            r.ctx[(b * S + i) * H + h * hd + e] += p[i * S + j] * kept[i * S + j] * x(b, j, 2 * H + h * hd + e);
+        }
+      }
+      if (!dctx) continue;
+      auto go = [&](int s, int e) { return double(dctx[(b * S + s) * H + h * hd + e]); };
+      auto grad = [&](int s, int col) -> double& { return r.dqkv[size_t(b * S + s) * 3 * H + col]; };
+      for (int i = 0; i < S; ++i) {
+        std::vector<double> dp(S, 0.0);
+        double dot = 0;
+        for (int j = 0; j < S; ++j) {
+          for (int e = 0; e < hd; ++e) {
+            dp[j] += go(i, e) * x(b, j, 2 * H + h * hd + e);
+            grad(j, 2 * H + h * hd + e) += p[i * S + j] * kept[i * S + j] * go(i, e);
+          }
+          dp[j] *= kept[i * S + j];
+          dot += p[i * S + j] * dp[j];
+        }
+        for (int j = 0; j < S; ++j) {
+          const double ds = p[i * S + j] * (dp[j] - dot);
+          for (int e = 0; e < hd; ++e) {
+            grad(i, h * hd + e) += d.scale * ds * x(b, j, H + h * hd + e);
+            grad(j, H + h * hd + e) += d.scale * ds * x(b, i, h * hd + e);
+          }
+        }
+      }
+    }
+  return r;
+}
+
+TEST(OpsAttentionWindow, ForwardAndBackwardMatchTheDefinition) {
+  CpuBackend be;
+  for (int window : {0, 1, 3})
+    for (float p : {0.0f, 0.3f}) {
+      const std::string what = "window " + std::to_string(window) + ", p = " + std::to_string(p);
+      WindowCase c(be, window);
+      const DropoutSpec drop{p, 99, 4};
+      HostTensor dctx = random({18, 8}, 23);
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.keep, c.ctx.t, c.work.t);
+      HostTensor dqkv = filled({18, 24}, 5.0f);  // overwritten
+      ops::attention_backward(be, dctx.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.keep, c.d, drop, dqkv.t,
+                              c.work.t);
+      const WindowReference want = window_reference(c, drop, dctx.f());
+      expect_close("stats, " + what, c.stats.f(), want.stats);
+      expect_close("ctx, " + what, c.ctx.f(), want.ctx, 1e-4);
+      expect_close("dqkv, " + what, dqkv.f(), want.dqkv, 1e-4);
+    }
+}
+
+TEST(OpsAttentionWindow, OutOfWindowKeysHaveNoWeightWhateverTheirValues) {
+  CpuBackend be;
+  WindowCase c(be, 1);
+  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+  HostTensor before = clone(c.ctx);
+  // Token 8 of sequence 0: keys and values of every token but 7 and 8 change, and the
+  // queries of 7 and 8 stay: the context of query 8 (window 1: keys 7, 8) must not move.
+  for (int s = 0; s < 7; ++s)
+    for (int col = 8; col < 24; ++col) c.qkv.f()[s * 24 + col] += 100.0f;
+  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+  for (int col = 0; col < 8; ++col) EXPECT_EQ(c.ctx.f()[8 * 8 + col], before.f()[8 * 8 + col]) << col;
+  // Query 8 of sequence 1 sees only padded keys (7 and 8): uniform over them.
+  for (int h = 0; h < 2; ++h) EXPECT_FLOAT_EQ(c.stats.f()[2 * ((2 + h) * 9 + 8) + 1], 0.5f);
+}
+
+TEST(OpsAttentionWindow, AWindowAsLongAsTheSequenceIsFullAttentionBitForBit) {
+  CpuBackend be;
+  for (float p : {0.0f, 0.3f}) {
+    const DropoutSpec drop{p, 7, 1};
+    WindowCase full(be, -1);
+    HostTensor dctx = random({18, 8}, 29);
+    HostTensor want_dqkv = filled({18, 24}, 0.0f);
+    ops::attention_forward(be, full.qkv.t, full.mask.t, full.d, drop, full.stats.t, full.keep, full.ctx.t,
+                           full.work.t);
+    ops::attention_backward(be, dctx.t, full.qkv.t, full.ctx.t, full.mask.t, full.stats.t, full.keep, full.d, drop,
+                            want_dqkv.t, full.work.t);
+    for (int window : {8, 9, 1000, std::numeric_limits<int>::max()}) {
+      WindowCase c(be, window);
+      HostTensor dqkv = filled({18, 24}, 0.0f);
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.keep, c.ctx.t, c.work.t);
+      ops::attention_backward(be, dctx.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.keep, c.d, drop, dqkv.t, c.work.t);
+      EXPECT_EQ(std::memcmp(c.stats.f(), full.stats.f(), size_t(c.stats.t.bytes())), 0) << window;
+      EXPECT_EQ(std::memcmp(c.ctx.f(), full.ctx.f(), size_t(c.ctx.t.bytes())), 0) << window;
+      EXPECT_EQ(std::memcmp(dqkv.f(), want_dqkv.f(), size_t(dqkv.t.bytes())), 0) << window;
+    }
+  }
+}
+
+TEST(OpsAttentionWindow, BackwardMatchesFiniteDifferences) {
+  CpuBackend be;
+  for (float p : {0.0f, 0.3f}) {
+    WindowCase c(be, 2);
+    // Sequence 1 pads two keys only: a query whose window holds only padded keys has
+    // scores of exactly -FLT_MAX, flat in float, where finite differences see no gradient
+    // (the analytic one, as torch's, passes through the mask's addition).
+    c.mask.i()[15] = 1;
+    const DropoutSpec drop{p, 77, 2};
+    HostTensor r = random({18, 8}, 12);
+    auto loss = [&] {
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, drop, c.stats.t, c.keep, c.ctx.t, c.work.t);
+      return weighted_sum(c.ctx, r);
+    };
+    loss();
+    HostTensor dqkv = filled({18, 24}, 5.0f);
+    ops::attention_backward(be, r.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.keep, c.d, drop, dqkv.t, c.work.t);
+    expect_grad("dqkv, p = " + std::to_string(p), dqkv.f(), numeric_grad(c.qkv, loss, 1e-2f));
+  }
+}
+
+TEST(OpsAttentionWindow, PackedForwardCountsTheWindowFromEachSequencesStart) {
+  CpuBackend be;
+  // Sequences of 9 and 6 tokens packed into 15 rows: each alone, padded to 9 with its
+  // mask, must give the packed rows' context.
+  for (int window : {0, 2, 20}) {
+    AttentionDims d{2, 9, 2, 4, 0.5f};
+    d.window = window;
+    HostTensor qkv = random({15, 24}, 31, -2.0f, 2.0f);
+    HostTensor row_start = ints({3}, {0, 9, 15});
+    HostTensor ctx(DType::F32, {15, 8});
+    HostTensor work(DType::F32, {be.attention_workspace_elems(d, DType::F32)});
+    ops::attention_forward_packed(be, qkv.t, row_start.t, d, ctx.t, work.t);
+    WindowCase c(be, window);
+    std::memcpy(c.qkv.f(), qkv.f(), size_t(qkv.t.bytes()));  // rows 15 .. 17 pad sequence 1
+    for (int j = 0; j < 18; ++j) c.mask.i()[j] = j < 15 ? 1 : 0;
+    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+    for (int s = 0; s < 15; ++s)
+      for (int col = 0; col < 8; ++col)
+        EXPECT_NEAR(ctx.f()[s * 8 + col], c.ctx.f()[s * 8 + col], 1e-5) << "window " << window << " row " << s;
+  }
+}
+
+TEST(OpsAttentionWindow, FlopsCountTheWindowsPairsAndTheWrapperChecksTheWindow) {
+  CpuBackend be;
+  const auto profiled_flops = [&](int window) {
+    WindowCase c(be, window);
+    HostTensor dqkv = filled({18, 24}, 0.0f);
+    OpProfiler profiler(be);
+    profiler.start();
+    ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+    ops::attention_backward(be, c.ctx.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.keep, c.d, {}, dqkv.t, c.work.t);
+    const Profile p = profiler.finish();
+    EXPECT_EQ(p.ops.size(), 2u);
+    EXPECT_EQ(p.ops[1].cost.flops, 2 * p.ops[0].cost.flops);
+    return p.ops[0].cost.flops;
+  };
+  const double per_pair = 4.0 * 2 * 2 * 4;  // 2 * 2 head_dim per (query, key), B = heads = 2
+  EXPECT_EQ(profiled_flops(-1), 81 * per_pair);
+  EXPECT_EQ(profiled_flops(0), 9 * per_pair);
+  EXPECT_EQ(profiled_flops(1), (2 + 7 * 3 + 2) * per_pair);
+  EXPECT_EQ(profiled_flops(3), (4 + 5 + 6 + 7 * 3 + 6 + 5 + 4) * per_pair);  // rows 0..8: 4 5 6 7 7 7 6 5 4
+  EXPECT_EQ(profiled_flops(8), 81 * per_pair);
+  EXPECT_EQ(profiled_flops(100), 81 * per_pair);
+
+  WindowCase c(be, -2);
+  EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t); }),
+            "attention_forward: window -2 must be -1 (no window) or a distance >= 0");
 }
 
 // ---------------------------------------------------------------------------- layernorm

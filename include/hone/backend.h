@@ -47,8 +47,15 @@ HONE_HD uint64_t dropout_stream(const DropoutSpec& d) {
 struct AttentionDims {
   int batch = 0, seq = 0, heads = 0, head_dim = 0;
   float scale = 1.0f;  // applied to Q K^T; 1 / sqrt(head_dim) for BERT
+  // Sliding-window (local) attention, as ModernBERT's local layers: query i weighs key j
+  // only if |i - j| <= window; a key farther away gets no weight at all, like a key past
+  // the sequence, whatever its mask. -1: no window.
+  int window = -1;
   int hidden() const { return heads * head_dim; }
 };
+
+// Whether key j lies outside query i's window (never without one).
+HONE_HD bool outside_window(int window, int i, int j) { return window >= 0 && (i - j > window || j - i > window); }
 
 // Hyper-parameters in double, as torch takes them from Python floats (1 - beta2 in
 // float would be off by 1e-5 relative).
@@ -313,13 +320,16 @@ class Backend {
   // qkv: [B*S, 3H], Q in columns [0,H), K in [H,2H), V in [2H,3H), head h in columns
   // h*head_dim.. of each. mask: I32 [B,S], 1 = attend, 0 = padding (adds the float
   // minimum to the score, as Hugging Face does). ctx: [B*S, H] = dropout(P) V with
-  // P = softmax(scale Q K^T + mask). No [S, S] matrix outlives the call: stats
+  // P = softmax(scale Q K^T + mask), over the keys within d.window of the query when
+  // d.window >= 0 (the others' probability is exactly 0; a padded key inside the window
+  // adds the float minimum as above). No [S, S] matrix outlives the call: stats
   // [B, heads, S, 2] keeps, per query row, the maximum of its masked scores and the
   // reciprocal of its sum of exponentials, from which backward recomputes P bit for bit
   // (P = exp(score - max) * inv, the forward's own arithmetic).
   // keep: I32 [B, heads, S, attention_keep_words(d, dtype)] receives the dropout mask
-  // as bits when the backend keeps it for backward (p > 0 and a nonzero word count);
-  // otherwise it is not read and may be empty.
+  // as bits when the backend keeps it for backward (p > 0 and a nonzero word count; with a
+  // window, only the bits of keys within it are defined); otherwise it is not read and may
+  // be empty.
   virtual void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                  const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
                                  Tensor& workspace) = 0;
@@ -409,7 +419,8 @@ class Backend {
 
   // Inference on packed sequences: qkv [T, 3H] holds sequence b in rows row_start[b] ..
   // row_start[b + 1] - 1 (row_start: I32 [B + 1] in this backend's memory, from 0 to T), each
-  // attending to all of its own tokens and no other; ctx [T, H] as attention_forward's. d.batch
+  // attending to all of its own tokens and no other (with d.window >= 0, to those within the
+  // window, positions counted from the sequence's start); ctx [T, H] as attention_forward's. d.batch
   // = B, d.seq = the longest sequence (the workspace is attention_workspace_elems(d)). No
   // dropout; nothing kept for a backward.
   virtual void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,

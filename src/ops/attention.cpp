@@ -1,13 +1,16 @@
 // Scaled dot-product self-attention over the fused QKV projection. Q, K and V head
 // slices are read in place from qkv (leading dimension 3H); (batch, head) pairs run in
 // parallel, each with a few [S, S] blocks of scratch. Backward recomputes the
-// probabilities from the saved row statistics instead of keeping them.
+// probabilities from the saved row statistics instead of keeping them. With a window, the
+// whole [S, S] products still run (this is the reference, not the fast path) and the keys
+// outside each query's window get -inf scores.
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
@@ -15,15 +18,30 @@
 
 namespace hone {
 
+namespace {
+
+// The keys [lo, hi) of n that query i weighs: those within `window` of it (all without one).
+std::pair<int, int> window_keys(int window, int i, int n) {
+  if (window < 0) return {0, n};
+  return {int(std::max<int64_t>(0, int64_t(i) - window)), int(std::min<int64_t>(n, int64_t(i) + window + 1))};
+}
+
+}  // namespace
+
 namespace ops {
 
 namespace {
 
+void check_dims(const char* op, const AttentionDims& d) {
+  if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
+    fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
+  if (d.window < -1) fail("{}: window {} must be -1 (no window) or a distance >= 0", op, d.window);
+}
+
 void check_attention(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop,
                      const Tensor& qkv, const Tensor& mask, const Tensor& stats, const Tensor& keep,
                      const Tensor& workspace) {
-  if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
-    fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
+  check_dims(op, d);
   detail::expect_dropout(op, drop);
   const int64_t tokens = int64_t(d.batch) * d.seq;
   detail::expect_compute(be, op, "qkv", qkv);
@@ -38,9 +56,18 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
     fail("{}: workspace has {} elements, expected at least {}", op, workspace.numel(), need);
 }
 
-// Q K^T and P V over every (batch, head): 2 * 2 * S * S * head_dim each.
+// Q K^T and P V over every (batch, head): 2 * 2 * head_dim per (query, key) pair that
+// has weight, S * S of them without a window.
 double attention_flops(const AttentionDims& d) {
-  return 4.0 * d.batch * d.heads * double(d.seq) * d.seq * d.head_dim;
+  double pairs = double(d.seq) * d.seq;
+  if (d.window >= 0 && d.window < d.seq) {
+    pairs = 0;
+    for (int i = 0; i < d.seq; ++i) {
+      const auto [lo, hi] = window_keys(d.window, i, d.seq);
+      pairs += hi - lo;
+    }
+  }
+  return 4.0 * d.batch * d.heads * pairs * d.head_dim;
 }
 
 double keep_bytes(const Backend& be, const AttentionDims& d, DType t, const DropoutSpec& drop, const Tensor& keep) {
@@ -82,8 +109,7 @@ void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, cons
 void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
                               Tensor& ctx, Tensor& workspace) {
   const char* op = "attention_forward_packed";
-  if (d.batch <= 0 || d.seq <= 0 || d.heads <= 0 || d.head_dim <= 0)
-    fail("{}: dims batch={} seq={} heads={} head_dim={} must be positive", op, d.batch, d.seq, d.heads, d.head_dim);
+  check_dims(op, d);
   detail::expect_compute(be, op, "qkv", qkv);
   detail::expect_rank(op, "qkv", qkv, 2);
   detail::expect_shape(op, "qkv", qkv, {qkv.shape[0], 3 * int64_t(d.hidden())});
@@ -110,12 +136,18 @@ namespace {
 // becomes uniform, as in transformers.
 constexpr float kMasked = std::numeric_limits<float>::lowest();
 
-// Softmax of one row of scores, in place (mask null: every key attended); returns {max, 1 / sum}, with which
-// probs_row() recomputes the same probabilities.
-std::pair<float, float> masked_softmax_row(float* row, const int32_t* mask, int n) {
-  float mx = -std::numeric_limits<float>::infinity();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Softmax of one row of scores, in place (mask null: every key attended), over the keys
+// [keys.first, keys.second) of the query's window (the others get probability 0); returns
+// {max, 1 / sum}, with which probs_row() recomputes the same probabilities.
+std::pair<float, float> masked_softmax_row(float* row, const int32_t* mask, int n, std::pair<int, int> keys) {
+  float mx = -kInf;
   for (int j = 0; j < n; ++j) {
-    if (mask && mask[j] == 0) row[j] += kMasked;
+    if (j < keys.first || j >= keys.second)
+      row[j] = -kInf;
+    else if (mask && mask[j] == 0)
+      row[j] += kMasked;
     mx = std::max(mx, row[j]);
   }
   double sum = 0;
@@ -129,9 +161,12 @@ std::pair<float, float> masked_softmax_row(float* row, const int32_t* mask, int 
 }
 
 // The probabilities of a row of recomputed scores, from its saved {max, 1 / sum}.
-void probs_row(float* row, const int32_t* mask, int n, float mx, float inv) {
+void probs_row(float* row, const int32_t* mask, int n, std::pair<int, int> keys, float mx, float inv) {
   for (int j = 0; j < n; ++j) {
-    if (mask[j] == 0) row[j] += kMasked;
+    if (j < keys.first || j >= keys.second)
+      row[j] = -kInf;
+    else if (mask[j] == 0)
+      row[j] += kMasked;
     row[j] = std::exp(row[j] - mx) * inv;
   }
 }
@@ -180,7 +215,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
     const uint64_t base = uint64_t(bh) * S * S;  // flat index of probs[b, h, 0, 0]
     for (int i = 0; i < S; ++i) {
       float* row = p + int64_t(i) * S;
-      const auto [mx, inv] = masked_softmax_row(row, m, S);
+      const auto [mx, inv] = masked_softmax_row(row, m, S, window_keys(d.window, i, S));
       statsp[2 * (int64_t(bh) * S + i)] = mx;
       statsp[2 * (int64_t(bh) * S + i) + 1] = inv;
       if (dropping) {
@@ -194,7 +229,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const 
   }
 }
 
-// As attention_forward without a mask or dropout, one sequence's rows at a time.
+// As attention_forward without a mask or dropout, one sequence's rows at a time (the window
+// counted from the sequence's first row).
 void CpuBackend::attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
                                           Tensor& ctx, Tensor& workspace) {
   const int H = d.hidden(), hd = d.head_dim, ld = 3 * H;
@@ -212,7 +248,7 @@ void CpuBackend::attention_forward_packed(const Tensor& qkv, const Tensor& row_s
     const float* q = qkvp + int64_t(rs[b]) * ld + h * hd;
     float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * d.seq * d.seq;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, d.scale, q, ld, q + H, ld, 0.0f, p, n);
-    for (int i = 0; i < n; ++i) masked_softmax_row(p + int64_t(i) * n, nullptr, n);
+    for (int i = 0; i < n; ++i) masked_softmax_row(p + int64_t(i) * n, nullptr, n, window_keys(d.window, i, n));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, 1.0f, p, n, q + 2 * H, ld, 0.0f,
                 ctxp + int64_t(rs[b]) * H + h * hd, H);
   }
@@ -239,7 +275,7 @@ void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const
     const int32_t* m = maskp + int64_t(b) * S;
     for (int i = 0; i < S; ++i) {
       const float* st = statsp + 2 * (int64_t(bh) * S + i);
-      probs_row(p + int64_t(i) * S, m, S, st[0], st[1]);
+      probs_row(p + int64_t(i) * S, m, S, window_keys(d.window, i, S), st[0], st[1]);
     }
     const int64_t off = int64_t(b) * S * ld + h * hd;
     const float* q = qkvp + off;
