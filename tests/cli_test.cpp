@@ -164,7 +164,7 @@ TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
   // What transformers would load as BERT, with a warning or new weights, and hone refuses.
   const std::string no_heads = edit_config(write_model(tmp.path + "/no_heads"), {{"num_attention_heads", 0}});
   const std::string no_layers = edit_config(write_model(tmp.path + "/no_layers"), {{"num_hidden_layers", -1}});
-  const std::string modernbert = edit_config(write_model(tmp.path + "/modernbert"), {{"model_type", "modernbert"}});
+  const std::string gpt2 = edit_config(write_model(tmp.path + "/gpt2"), {{"model_type", "gpt2"}});
   const std::string key = "bert.encoder.layer.1.attention.self.key.weight";
   const std::string holed = drop_tensor(write_model(tmp.path + "/holed"), key);
   const std::string out = " --output_dir " + tmp.path + "/out";
@@ -183,8 +183,8 @@ TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {
             no_heads + "/config.json: num_attention_heads must be >= 1, got 0"},
            {"train --model_name_or_path " + no_layers + " --dataset synthetic:8x8" + out,
             no_layers + "/config.json: num_hidden_layers must be in [1, 1364], got -1"},
-           {"train --model_name_or_path " + modernbert + " --dataset synthetic:8x8" + out,
-            modernbert + "/config.json: model_type \"modernbert\" is not one hone implements (hone has: \"bert\", \"roberta\", \"xlm-roberta\", \"distilbert\", \"electra\")"},
+           {"train --model_name_or_path " + gpt2 + " --dataset synthetic:8x8" + out,
+            gpt2 + "/config.json: model_type \"gpt2\" is not one hone implements (hone has: \"bert\", \"roberta\", \"xlm-roberta\", \"distilbert\", \"electra\", \"modernbert\")"},
            {"train --model_name_or_path " + holed + " --dataset synthetic:8x8" + out,
             holed + "/model.safetensors: lacks 1 of the model's 37 embedding and encoder tensors ('" + key + "')"},
        };

@@ -276,9 +276,17 @@ TEST(Config, ValidationErrorsNameSourceAndField) {
        {"num_hidden_layers 1000", "parameters"}},
       {R"({"hidden_act": "swish"})", {"'swish'", "gelu, gelu_new, gelu_pytorch_tanh, relu"}},
       {R"({"position_embedding_type": "relative_key"})", {"'relative_key'", "not supported"}},
-      {R"({"model_type": "modernbert"})",
-       {R"(model_type "modernbert" is not one hone implements (hone has: "bert", "roberta", "xlm-roberta", )"
-        R"("distilbert", "electra"))"}},
+      {R"({"model_type": "deberta-v2"})",
+       {R"(model_type "deberta-v2" is not one hone implements (hone has: "bert", "roberta", "xlm-roberta", )"
+        R"("distilbert", "electra", "modernbert"))"}},
+      {R"({"model_type": "modernbert", "classifier_pooling": "max"})", {"classifier_pooling 'max' is not supported"}},
+      {R"({"model_type": "modernbert", "num_hidden_layers": 2, "layer_types": ["full_attention"]})",
+       {"layer_types has 1 entries for 2 layers"}},
+      {R"({"model_type": "modernbert", "rope_parameters": {"full_attention": {"rope_type": "yarn"}}})",
+       {"rope_parameters.full_attention.rope_type \"yarn\" is not supported"}},
+      {R"({"model_type": "modernbert", "hidden_size": 30, "num_attention_heads": 2})",
+       {"rotary embeddings need an even head size, got 15"}},
+      {R"({"model_type": "modernbert", "hidden_activation": "swish"})", {"hidden_activation 'swish' is not supported"}},
       {R"({"model_type": 3})", {"field 'model_type' must be a string, got number 3"}},
       {R"({"model_type": "distilbert", "sinusoidal_pos_embds": true})",
        {"sinusoidal_pos_embds true is not supported (hone runs sinusoidal_pos_embds false)"}},
@@ -373,13 +381,58 @@ TEST(Config, FamiliesReadAndWriteTheirOwnFiles) {
   EXPECT_EQ(electra.to_json()["embedding_size"], 128);
   EXPECT_FALSE(roberta.to_json().contains("embedding_size"));
 
-  std::ofstream(path) << R"({"architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert"})";
-  expect_error([&] { ModelConfig::load(path); }, {path + R"(: model_type "modernbert")", R"(hone has: "bert", )"});
+  std::ofstream(path) << R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})";
+  expect_error([&] { ModelConfig::load(path); }, {path + R"(: model_type "gpt2")", R"(hone has: "bert", )"});
   // A BERT encoder saved with any head, or with no model_type at all, is a BERT.
   std::ofstream(path) << R"({"architectures": ["BertForPreTraining"], "model_type": "bert"})";
   EXPECT_EQ(ModelConfig::load(path).hidden_size, 768);
   std::ofstream(path) << R"({"architectures": ["BertModel"]})";
   EXPECT_EQ(ModelConfig::load(path).hidden_size, 768);
+}
+
+// ModernBERT's Hub files give the older global_attn_every_n_layers and rope thetas;
+// transformers 5 reads them into layer_types and rope_parameters, which hone writes.
+TEST(Config, ModernBertReadsHubAndTransformersFiveFiles) {
+  const ModelConfig hub = parse(json::parse(R"({"model_type": "modernbert", "num_hidden_layers": 5,
+      "global_attn_every_n_layers": 2, "global_rope_theta": 80000.0, "local_rope_theta": 500.0,
+      "local_attention": 8, "norm_bias": false, "classifier_pooling": "mean", "hidden_activation": "gelu",
+      "initializer_cutoff_factor": 2.0})"));
+  EXPECT_EQ(hub.layer_types, (std::vector<std::string>{"full_attention", "sliding_attention", "full_attention",
+                                                      "sliding_attention", "full_attention"}));
+  EXPECT_EQ(hub.attention_window(0), -1);
+  EXPECT_EQ(hub.attention_window(1), 4);
+  EXPECT_FLOAT_EQ(hub.rope_theta(0), 80000.0f);
+  EXPECT_FLOAT_EQ(hub.rope_theta(3), 500.0f);
+  EXPECT_FALSE(hub.norm_bias);
+  EXPECT_EQ(hub.family().architecture, "ModernBertForSequenceClassification");
+  EXPECT_EQ(hub.intermediate_size, 1152);  // ModernBertConfig's defaults, not BertConfig's
+  EXPECT_FLOAT_EQ(hub.layer_norm_eps, 1e-5f);
+  const json j = hub.to_json();
+  EXPECT_EQ(j["layer_types"].size(), 5u);
+  EXPECT_EQ(j["rope_parameters"]["sliding_attention"]["rope_theta"], 500.0);
+  EXPECT_EQ(j["rope_parameters"]["full_attention"]["rope_type"], "default");
+  for (const char* field : {"hidden_activation", "norm_eps", "mlp_dropout", "attention_dropout", "embedding_dropout",
+                            "classifier_pooling", "local_attention", "norm_bias", "initializer_cutoff_factor"})
+    EXPECT_TRUE(j.contains(field)) << field;
+  for (const char* field : {"hidden_act", "layer_norm_eps", "type_vocab_size", "global_rope_theta",
+                            "global_attn_every_n_layers", "position_embedding_type"})
+    EXPECT_FALSE(j.contains(field)) << field;
+  EXPECT_EQ(ModelConfig::from_json(j, "saved").to_json(), j);
+  // rope_parameters wins over the older keys, as in transformers.
+  const ModelConfig both = parse(json::parse(R"({"model_type": "modernbert", "global_rope_theta": 1.0,
+      "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 7.0}}})"));
+  EXPECT_FLOAT_EQ(both.global_rope_theta, 7.0f);
+  EXPECT_FLOAT_EQ(both.local_rope_theta, 10000.0f);
+  // A BERT file's ModernBERT field is carried, not read.
+  const ModelConfig bert = parse(json::parse(R"({"norm_bias": false})"));
+  EXPECT_TRUE(bert.norm_bias);
+  EXPECT_EQ(bert.to_json()["norm_bias"], false);
+  const ModelConfig large = *builtin_config("answerdotai/ModernBERT-large");
+  EXPECT_EQ(large.num_hidden_layers, 28);
+  EXPECT_EQ(large.intermediate_size, 2624);
+  EXPECT_EQ(large.classifier_pooling, "mean");
+  EXPECT_EQ(large.attention_window(2), 64);
+  EXPECT_EQ(large.attention_window(3), -1);
 }
 
 // The built-in configurations are those of the Hub checkpoints.

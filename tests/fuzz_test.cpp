@@ -1291,7 +1291,7 @@ TEST(InputChecks, ConfigErrorsAreTheSameOnEveryPath) {
       {{{"hidden_size", -1}}, "hidden_size must be >= 1, got -1"},
       {{{"num_attention_heads", 0}}, "num_attention_heads must be >= 1, got 0"},
       {{{"hidden_dropout_prob", 1.5}}, "hidden_dropout_prob must be in [0, 1), got 1.5"},
-      {{{"model_type", "modernbert"}}, "model_type \"modernbert\" is not one hone implements"},
+      {{{"model_type", "gpt2"}}, "model_type \"gpt2\" is not one hone implements"},
   };
   int n = 0;
   for (const auto& [change, message] : bad) {

@@ -74,10 +74,16 @@ TEST_P(GoldenTest, FiniteDifferences) {
   const ModelFamily& f = g.config.family();
   const int last = g.config.num_hidden_layers - 1;
   auto layer = [&](int l, const std::string& name) { return fmt::format("{}.{}.{}.weight", f.layer_prefix, l, name); };
-  for (const std::string& name :
-       {f.head.out + ".weight", f.head.dense + ".weight", layer(last, f.layer.ffn_down),
-        layer(std::min(1, last), f.layer.query), layer(0, f.layer.key), layer(0, f.layer.attention_norm),
-        f.embeddings + ".word_embeddings.weight", f.embeddings + ".position_embeddings.weight"}) {
+  const bool pre = f.norm == NormPlacement::Pre;  // no LayerNorm before the first attention
+  std::vector<std::string> names = {f.head.out + ".weight",
+                                    f.head.dense + ".weight",
+                                    layer(last, f.layer.ffn_down),
+                                    layer(std::min(1, last), f.layer.query),
+                                    layer(0, f.layer.key.empty() ? f.layer.ffn_up : f.layer.key),
+                                    layer(0, pre ? f.layer.ffn_norm : f.layer.attention_norm),
+                                    f.embeddings + "." + f.word_table + ".weight"};
+  if (f.positions != PositionIds::Rotary) names.push_back(f.embeddings + ".position_embeddings.weight");
+  for (const std::string& name : names) {
     const ParamEntry& e = layout.at(name);
     // The element of this parameter with the largest gradient: a well-conditioned difference.
     int64_t best = e.offset;
@@ -94,12 +100,12 @@ TEST_P(GoldenTest, FiniteDifferences) {
     EXPECT_NEAR(numeric, analytic, 2e-2 * std::fabs(analytic) + 1e-4) << name;
     ++checked;
   }
-  EXPECT_EQ(checked, 8);
+  EXPECT_EQ(checked, int(names.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
                          ::testing::Values("bert_cls", "bert_reg", "roberta_cls", "xlm_roberta_reg", "distilbert_cls",
-                                           "electra_cls"));
+                                           "electra_cls", "modernbert_cls", "modernbert_mean_reg"));
 
 }  // namespace
 }  // namespace hone

@@ -25,6 +25,11 @@ ModelConfig small_config(const std::string& model_type) {
   if (model_type == "distilbert") j = {{"model_type", model_type}, {"n_layers", 2}, {"n_heads", 4}, {"dim", 32},
                                        {"hidden_dim", 64}};
   if (model_type == "electra") j["embedding_size"] = 16;  // projected to hidden_size
+  if (model_type == "modernbert") {  // the tokenizer fixture's ids; a window that cuts 24 tokens
+    j["num_hidden_layers"] = 3;
+    j.update({{"vocab_size", 1536}, {"pad_token_id", 4}, {"bos_token_id", 2}, {"cls_token_id", 2},
+              {"eos_token_id", 3}, {"sep_token_id", 3}, {"local_attention", 8}});
+  }
   // With BERT's tokenizer, the pairs' second texts have type 1, which the RoBERTa classes'
   // default of two token types (not their checkpoints' one) has a row for.
   return ModelConfig::from_json(j, model_type);
@@ -82,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Families, HuggingFaceRoundTrip,
                          ::testing::Values(RoundTrip{"bert", "minilm"}, RoundTrip{"roberta", "minilm"},
                                            RoundTrip{"roberta", "roberta", 1}, RoundTrip{"xlm-roberta", "minilm"},
                                            RoundTrip{"xlm-roberta", "xlmr", 1}, RoundTrip{"distilbert", "minilm"},
-                                           RoundTrip{"electra", "minilm"}),
+                                           RoundTrip{"electra", "minilm"}, RoundTrip{"modernbert", "modernbert"}),
                          [](const auto& info) {
                            std::string name = info.param.model_type + "_" + info.param.tokenizer;
                            std::erase(name, '-');

@@ -4,6 +4,8 @@
 // and ELECTRA share its blocks (embeddings, post-LayerNorm attention and feed-forward
 // layers, a classification head on the first token); a family says what differs: the
 // parameters' names, the embeddings' inputs, the head, and the config.json fields.
+// ModernBERT normalizes before its blocks instead, with rotary positions, a gated
+// feed-forward layer and local attention in some layers, over the same ops.
 // Each family is one file in src/model/families/, listed in src/model/families/families.cpp.
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,22 +19,33 @@ namespace hone {
 enum class PositionIds : uint8_t {
   Column,        // the token's column in its padded sequence (BERT)
   AfterPadding,  // pad_token_id + 1 + the count of non-padding tokens up to it, padding tokens pad_token_id (RoBERTa)
+  Rotary,        // no position table: query and key turn by the token's column (ModernBERT)
 };
 
-enum class HeadActivation : uint8_t { Tanh, Gelu, Relu };
+// Where a layer normalizes. Post: LN(x + attention(x)), then LN(y + ffn(y)) (BERT). Pre:
+// y = x + attention(LN(x)), out = y + ffn(LN(y)), with no LayerNorm before the first
+// layer's attention (the embeddings end in one) and a final LayerNorm after the last
+// layer (ModernBERT).
+enum class NormPlacement : uint8_t { Post, Pre };
+
+// Config: config.json's classifier_activation (ModernBERT).
+enum class HeadActivation : uint8_t { Tanh, Gelu, Relu, Config };
 
 // The names, under one layer's prefix, of the parameters of an encoder layer (each a
-// Linear's or a LayerNorm's, with ".weight" and ".bias").
+// Linear's or a LayerNorm's, with ".weight" and ".bias"). An empty key means one fused
+// [3H, H] projection named by query (ModernBERT's Wqkv).
 struct LayerNames {
   std::string query, key, value, attention_output, attention_norm, ffn_up, ffn_down, ffn_norm;
 };
 
-// The classification head on the first token: [dropout] -> dense [H, H] -> activation ->
-// dropout -> out [labels, H].
+// The classification head on the pooled hidden state (the first token's, or with
+// config.json's classifier_pooling "mean" the mean of the attended tokens'):
+// [dropout] -> dense [H, H] -> activation -> [LayerNorm] -> dropout -> out [labels, H].
 struct HeadSpec {
   std::string dense, out;  // full parameter names without ".weight"/".bias"
   HeadActivation activation = HeadActivation::Tanh;
   bool dropout_first = false;  // a dropout on the first token before the dense layer
+  std::string norm;            // the LayerNorm after the activation (ModernBERT's); empty: none
 };
 
 struct ModelFamily {
@@ -41,6 +54,7 @@ struct ModelFamily {
   std::string base;          // the encoder's prefix in checkpoints: "roberta"
   std::string embeddings;    // the embeddings' prefix: "roberta.embeddings"
   std::string embedding_norm;  // its LayerNorm, under that prefix: "LayerNorm"
+  std::string word_table = "word_embeddings";  // the token table, under that prefix
   std::string layer_prefix;    // layer l is `layer_prefix` + "." + l: "roberta.encoder.layer"
   LayerNames layer;
   // token_type_embeddings (DistilBERT has none). Whether a batch has token types is the
@@ -48,6 +62,12 @@ struct ModelFamily {
   bool token_types = true;
   bool attention_output_dropout = true;  // dropout after the attention's output projection (not DistilBERT)
   PositionIds positions = PositionIds::Column;
+  NormPlacement norm = NormPlacement::Post;
+  std::string final_norm;   // Pre: the LayerNorm after the last layer ("model.final_norm")
+  bool gated_ffn = false;   // the FFN's up projection is [2I, H]: input and gate of a GLU (GeGLU)
+  // ModernBERT's initialisation: output projections (the attention's and the FFN's, the
+  // head's dense layer) at initializer_range / sqrt(2 L), the classifier at H^-1/2.
+  bool depth_scaled_init = false;
   std::string projection;  // Linear from embedding_size to hidden_size when they differ (ELECTRA); empty: none
   HeadSpec head;
   // transformers' parameter order, which saved checkpoints follow: RoBERTa declares the
@@ -63,6 +83,10 @@ struct ModelFamily {
   // Fields the family has that hone does not implement, with the value hone runs: another
   // value is an error naming the field (DistilBERT's sinusoidal_pos_embds: false).
   nlohmann::json required = nlohmann::json::object();
+  // config.json fields beyond BertConfig's that the family has (ModernBERT's biases,
+  // pooling, local attention and rotary settings: hone/config.h); another family carries
+  // such a field unread.
+  std::vector<std::string> fields;
 
   // The name config.json gives hone's field `name`.
   std::string file_name(std::string_view name) const;
@@ -78,5 +102,6 @@ const ModelFamily& roberta_family();
 const ModelFamily& xlm_roberta_family();
 const ModelFamily& distilbert_family();
 const ModelFamily& electra_family();
+const ModelFamily& modernbert_family();
 
 }  // namespace hone

@@ -13,6 +13,7 @@
 
 #include "hone/error.h"
 #include "hone/safetensors.h"
+#include "io/config_fields.h"
 
 namespace hone {
 namespace {
@@ -196,6 +197,10 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     for (const auto& [file, hone] : family.renamed_fields)
       if (file == file_key) key = hone;
     if (key == "model_type") continue;
+    if (std::ranges::find(family.fields, key) != family.fields.end()) {
+      config_fields::read(c, key, v, fields, source);
+      continue;
+    }
     if (std::ranges::find(family.absent_fields, key) != family.absent_fields.end()) {
       c.extra[file_key] = v;  // the family has no such field: carried as it is
       continue;
@@ -229,6 +234,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
     }
   }
 
+  config_fields::finish(c, fields, source);
   // As in transformers, id2label (or label2id) gives the number of labels when num_labels is absent.
   if (id2label) c.id2label = parse_id2label(*id2label, source);
   if (label2id) check_label2id(*label2id, c.id2label, id2label != nullptr, source);
@@ -270,6 +276,7 @@ json ModelConfig::to_json() const {
   for (const StringField& k : kStringFields) put(k.key, this->*k.member);
   put("classifier_dropout", classifier_dropout ? json(shortest(*classifier_dropout)) : json(nullptr));
   if (!f.projection.empty()) j["embedding_size"] = embedding_width();
+  config_fields::write(*this, j);
   // num_labels is not written: transformers derives it from id2label.
   json ids = json::object(), labels = json::object();
   for (size_t i = 0; i < id2label.size(); ++i) {
@@ -318,11 +325,12 @@ void ModelConfig::validate(const std::string& source) const {
   if (int(id2label.size()) != num_labels)
     fail("{}: num_labels is {} but id2label has {} labels", source, num_labels, id2label.size());
   if (hidden_act != "gelu" && hidden_act != "gelu_new" && hidden_act != "gelu_pytorch_tanh" && hidden_act != "relu")
-    fail("{}: hidden_act '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", source,
-         hidden_act);
+    fail("{}: {} '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", source,
+         family.file_name("hidden_act"), hidden_act);
   if (position_embedding_type != "absolute")
     fail("{}: position_embedding_type '{}' is not supported (hone implements only 'absolute')", source,
          position_embedding_type);
+  config_fields::validate(*this, source);
   if (problem_type == "multi_label_classification")
     fail("{}: problem_type 'multi_label_classification' is not supported yet", source);
   if (!problem_type.empty() && !is_problem_type(problem_type))
@@ -339,6 +347,14 @@ Activation ModelConfig::activation() const {
   if (hidden_act == "gelu_new" || hidden_act == "gelu_pytorch_tanh") return Activation::GeluTanh;
   if (hidden_act == "relu") return Activation::Relu;
   fail("hidden_act '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", hidden_act);
+}
+
+Activation ModelConfig::head_activation() const {
+  const std::string& a = classifier_activation;
+  if (a == "gelu") return Activation::Gelu;
+  if (a == "gelu_new" || a == "gelu_pytorch_tanh") return Activation::GeluTanh;
+  if (a == "relu") return Activation::Relu;
+  fail("classifier_activation '{}' is not supported (supported: gelu, gelu_new, gelu_pytorch_tanh, relu)", a);
 }
 
 std::string ModelConfig::resolved_problem_type() const {
@@ -377,6 +393,13 @@ const Builtin kBuiltins[] = {
     {"electra-large-discriminator", R"({"model_type": "electra", "embedding_size": 1024, "hidden_size": 1024,
                                         "num_hidden_layers": 24, "num_attention_heads": 16,
                                         "intermediate_size": 4096})"},
+    // answerdotai's released config.json: mean pooling, a sliding window of 128 in two of three layers.
+    {"modernbert-base", R"({"model_type": "modernbert", "classifier_pooling": "mean", "global_attn_every_n_layers": 3,
+                            "global_rope_theta": 160000.0, "local_rope_theta": 10000.0})"},
+    {"modernbert-large", R"({"model_type": "modernbert", "classifier_pooling": "mean", "hidden_size": 1024,
+                             "intermediate_size": 2624, "num_hidden_layers": 28, "num_attention_heads": 16,
+                             "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0,
+                             "local_rope_theta": 10000.0})"},
 };
 // Hub names of the same models: the small BERTs are prajjwal1's conversions of Google's
 // checkpoints, which Google publishes under the L/H/A names.
@@ -399,6 +422,8 @@ const std::pair<const char*, const char*> kAliases[] = {
     {"google/electra-small-discriminator", "electra-small-discriminator"},
     {"google/electra-base-discriminator", "electra-base-discriminator"},
     {"google/electra-large-discriminator", "electra-large-discriminator"},
+    {"answerdotai/ModernBERT-base", "modernbert-base"},
+    {"answerdotai/ModernBERT-large", "modernbert-large"},
 };
 
 }  // namespace

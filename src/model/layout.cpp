@@ -1,6 +1,7 @@
 // The parameters' layout in the flat buffers, as each family names and orders them
 // (hone/model.h, hone/family.h).
 #include <algorithm>
+#include <cmath>
 #include <fmt/format.h>
 
 #include "hone/model.h"
@@ -10,27 +11,32 @@ namespace hone {
 ParamLayout::ParamLayout(const ModelConfig& c) {
   const ModelFamily& f = c.family();
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.embedding_width();
+  const bool pre = f.norm == NormPlacement::Pre;
   int group = 0;
-  auto add = [&](std::string name, Shape s, ParamKind kind, int64_t zero_row = -1) {
+  auto add = [&](std::string name, Shape s, ParamKind kind, int64_t zero_row = -1, float init_std = 0.0f) {
     const bool decay = kind == ParamKind::Embedding || kind == ParamKind::Weight;
-    entries_.push_back({std::move(name), s, 0, decay, group, kind, zero_row});
+    entries_.push_back({std::move(name), s, 0, decay, group, kind, zero_row, init_std});
   };
-  auto linear = [&](const std::string& p, int64_t out, int64_t in) {
-    add(p + ".weight", {out, in}, ParamKind::Weight);
-    add(p + ".bias", {out}, ParamKind::Bias);
+  auto linear = [&](const std::string& p, int64_t out, int64_t in, bool bias = true, float init_std = 0.0f) {
+    add(p + ".weight", {out, in}, ParamKind::Weight, -1, init_std);
+    if (bias) add(p + ".bias", {out}, ParamKind::Bias);
   };
   auto norm = [&](const std::string& p, int64_t width) {
     add(p + ".weight", {width}, ParamKind::NormWeight);
-    add(p + ".bias", {width}, ParamKind::NormBias);
+    if (c.norm_bias) add(p + ".bias", {width}, ParamKind::NormBias);
   };
+  // ModernBERT's scaled initialisation of the output projections and the classifier.
+  const float out_std = f.depth_scaled_init ? c.initializer_range / std::sqrt(2.0f * float(c.num_hidden_layers)) : 0.0f;
+  const float classifier_std = f.depth_scaled_init ? 1.0f / std::sqrt(float(H)) : 0.0f;
   // transformers' Embedding(padding_idx=pad_token_id): that row starts at zero.
   const int64_t pad = c.pad_token_id;
   const std::string emb = f.embeddings + ".";
   auto position_table = [&] {
+    if (f.positions == PositionIds::Rotary) return;
     add(emb + "position_embeddings.weight", {c.max_position_embeddings, E}, ParamKind::Embedding,
         f.positions == PositionIds::AfterPadding ? pad : -1);
   };
-  add(emb + "word_embeddings.weight", {c.vocab_size, E}, ParamKind::Embedding, pad);
+  add(emb + f.word_table + ".weight", {c.vocab_size, E}, ParamKind::Embedding, pad);
   if (!f.position_table_last) position_table();
   if (f.token_types) add(emb + "token_type_embeddings.weight", {c.type_vocab_size, E}, ParamKind::Embedding);
   norm(emb + f.embedding_norm, E);
@@ -40,19 +46,27 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     group = 1 + l;
     const std::string p = fmt::format("{}.{}.", f.layer_prefix, l);
-    linear(p + n.query, H, H);
-    linear(p + n.key, H, H);
-    linear(p + n.value, H, H);
-    linear(p + n.attention_output, H, H);
-    norm(p + n.attention_norm, H);
-    linear(p + n.ffn_up, I, H);
-    linear(p + n.ffn_down, H, I);
-    norm(p + n.ffn_norm, H);
+    if (pre && l > 0) norm(p + n.attention_norm, H);
+    if (n.key.empty()) {
+      linear(p + n.query, 3 * H, H, c.attention_bias);
+    } else {
+      linear(p + n.query, H, H, c.attention_bias);
+      linear(p + n.key, H, H, c.attention_bias);
+      linear(p + n.value, H, H, c.attention_bias);
+    }
+    linear(p + n.attention_output, H, H, c.attention_bias, out_std);
+    norm(p + (pre ? n.ffn_norm : n.attention_norm), H);
+    linear(p + n.ffn_up, f.gated_ffn ? 2 * I : I, H, c.mlp_bias);
+    linear(p + n.ffn_down, H, I, c.mlp_bias, out_std);
+    if (!pre) norm(p + n.ffn_norm, H);
   }
   group = 1 + c.num_hidden_layers;
   const size_t encoder_entries = entries_.size();
-  linear(f.head.dense, H, H);
-  linear(f.head.out, c.num_labels, H);
+  if (pre) norm(f.final_norm, H);  // the head's group: its gradient comes first in backward
+  linear(f.head.dense, H, H, c.classifier_bias, out_std);
+  if (!f.head.norm.empty()) norm(f.head.norm, H);
+  linear(f.head.out, c.num_labels, H, true, classifier_std);
+  // XLM-RoBERTa declares its head before the encoder; the final norm is the encoder's.
   if (f.head_first) std::rotate(entries_.begin(), entries_.begin() + encoder_entries, entries_.end());
   // Group by group; within a group the decayed parameters first, each in transformers' order.
   groups_.resize(size_t(group + 1));

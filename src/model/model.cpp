@@ -8,14 +8,19 @@
 namespace hone {
 
 SequenceClassifier::SequenceClassifier(const ModelConfig& c)
-    : cfg_(c), regression_(c.resolved_problem_type() == "regression"), layout_(c), family_(&c.family()) {
+    : cfg_(c),
+      regression_(c.resolved_problem_type() == "regression"),
+      layout_(c),
+      family_(&c.family()),
+      pre_norm_(c.family().norm == NormPlacement::Pre) {
   HONE_CHECK(3 * c.num_hidden_layers + 2 < (1 << kDropoutSiteBits), "too many layers for the dropout stream layout");
   const ModelFamily& f = *family_;
   auto e = [&](const std::string& n) { return &layout_.at(n); };
-  auto linear = [&](const std::string& p) { return Linear{e(p + ".weight"), e(p + ".bias")}; };
-  auto norm = [&](const std::string& p) { return Norm{e(p + ".weight"), e(p + ".bias")}; };
-  word_ = e(f.embeddings + ".word_embeddings.weight");
-  pos_ = e(f.embeddings + ".position_embeddings.weight");
+  // Biases and LayerNorm betas may be absent (ModernBERT's configs turn them off).
+  auto linear = [&](const std::string& p) { return Linear{e(p + ".weight"), layout_.find(p + ".bias")}; };
+  auto norm = [&](const std::string& p) { return Norm{e(p + ".weight"), layout_.find(p + ".bias")}; };
+  word_ = e(f.embeddings + "." + f.word_table + ".weight");
+  pos_ = f.positions == PositionIds::Rotary ? nullptr : e(f.embeddings + ".position_embeddings.weight");
   type_ = f.token_types ? e(f.embeddings + ".token_type_embeddings.weight") : nullptr;
   emb_ln_ = norm(f.embeddings + "." + f.embedding_norm);
   if (c.projects_embeddings()) projection_ = linear(f.projection);
@@ -24,18 +29,28 @@ SequenceClassifier::SequenceClassifier(const ModelConfig& c)
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = fmt::format("{}.{}.", f.layer_prefix, l);
     Layer L;
-    L.qkv = linear(p + n.query);  // key and value follow in memory
-    HONE_CHECK(e(p + n.value + ".weight")->offset == L.qkv.w->offset + 2 * H * H &&
-                   e(p + n.value + ".bias")->offset == L.qkv.b->offset + 2 * H,
-               "query, key and value are not adjacent");
+    L.qkv = linear(p + n.query);  // fused, or key and value follow in memory
+    if (!n.key.empty())
+      HONE_CHECK(e(p + n.value + ".weight")->offset == L.qkv.w->offset + 2 * H * H &&
+                     (!L.qkv.b || e(p + n.value + ".bias")->offset == L.qkv.b->offset + 2 * H),
+                 "query, key and value are not adjacent");
     L.attn_out = linear(p + n.attention_output);
-    L.ln1 = norm(p + n.attention_norm);
     L.ffn_up = linear(p + n.ffn_up);
     L.ffn_down = linear(p + n.ffn_down);
-    L.ln2 = norm(p + n.ffn_norm);
+    if (pre_norm_) {
+      L.attn_norm = l > 0 ? norm(p + n.attention_norm) : Norm{nullptr, nullptr};
+      L.ln1 = norm(p + n.ffn_norm);
+      L.ln2 = {nullptr, nullptr};
+    } else {
+      L.attn_norm = {nullptr, nullptr};
+      L.ln1 = norm(p + n.attention_norm);
+      L.ln2 = norm(p + n.ffn_norm);
+    }
     layers_.push_back(L);
   }
+  if (pre_norm_) final_norm_ = norm(f.final_norm);
   head_dense_ = linear(f.head.dense);
+  if (!f.head.norm.empty()) head_norm_ = norm(f.head.norm);
   head_out_ = linear(f.head.out);
   saved_.resize(c.num_hidden_layers);
 }
@@ -88,11 +103,27 @@ Tensor SequenceClassifier::slice(const Tensor& flat, int64_t offset, Shape s) {
   return t;
 }
 
+namespace {
+
+// The (query, key) pairs of a sequence of S tokens that attention weighs: S^2, or with a
+// window w each query's keys within w of it.
+double attended_pairs(int S, int window) {
+  if (window < 0 || window >= S - 1) return double(S) * S;
+  const double w = window;
+  // 2w + 1 keys per query, less the keys the sequence's ends cut off: w(w + 1) in all.
+  return double(S) * (2 * w + 1) - w * (w + 1);
+}
+
+}  // namespace
+
 double SequenceClassifier::training_flops(int batch, int seq) const {
   const double H = cfg_.hidden_size, I = cfg_.intermediate_size, L = cfg_.num_hidden_layers, S = seq;
   const double E = cfg_.embedding_width();
   const double tokens = double(batch) * seq;
-  const double per_token = L * (2 * (4 * H * H + 2 * H * I) + 4 * S * H) + (projection_.w ? 2 * E * H : 0);
+  // Per token and layer: QKV and the attention output (4H^2), the FFN (2HI, or 3HI gated).
+  const double ffn = family_->gated_ffn ? 3 * H * I : 2 * H * I;
+  double per_token = L * 2 * (4 * H * H + ffn) + (projection_.w ? 2 * E * H : 0);
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) per_token += 4 * H * attended_pairs(seq, cfg_.attention_window(l)) / S;
   const double per_sequence = 2 * (H * H + H * cfg_.num_labels);  // the head's dense and output layers
   return 3 * (tokens * per_token + batch * per_sequence);
 }
@@ -104,8 +135,10 @@ DropoutSpec SequenceClassifier::dropout(const DropoutState& d, float p, int site
 }
 
 // Dropout call sites: 0 embeddings, 1 + 3l + k for layer l, 3L + 1 and 3L + 2 the head.
+// ModernBERT's attention_dropout (attention_probs_dropout_prob here) also drops the
+// attention's output; its mlp_dropout (hidden_dropout_prob) drops the GeGLU's output.
 DropoutSpec SequenceClassifier::layer_dropout(const DropoutState& d, int l, int k) const {
-  float p = k == 0 ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob;
+  float p = k == 0 || (k == 1 && pre_norm_) ? cfg_.attention_probs_dropout_prob : cfg_.hidden_dropout_prob;
   if (k == 1 && !family_->attention_output_dropout) p = 0.0f;
   return dropout(d, p, 1 + 3 * l + k);
 }
@@ -121,30 +154,22 @@ SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch,
                         1.0f / std::sqrt(float(cfg_.head_dim()))}};
 }
 
-namespace {
-
-// Releases t unless it was never taken (an empty tensor: attention keep bits that the
-// backend does not keep).
-void release_if_taken(BufferSource& mem, const Tensor& t) {
-  if (t.data) mem.release(t);
-}
-
-}  // namespace
 
 void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
                                               const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
+  const AttentionDims d = dims(p, l);
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
-                       {be.attention_workspace_elems(p.ad, compute_)});
+                       {be.attention_workspace_elems(d, compute_)});
   if (p.batch.tokens > 0)
-    ops::attention_forward_packed(be, qkv, p.batch.row_start, p.ad, ctx, ws);
+    ops::attention_forward_packed(be, qkv, p.batch.row_start, d, ctx, ws);
   else
-    ops::attention_forward(be, qkv, p.batch.attention_mask, p.ad, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
+    ops::attention_forward(be, qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
   mem.release(ws);
 }
 
 Tensor SequenceClassifier::attention_keep(const Backend& be, BufferSource& mem, const Pass& p, int l,
                                                      Category c, const char* name) const {
-  const int words = ops::attention_keep_words(be, p.ad, compute_, layer_dropout(p.drop, l, 0));
+  const int words = ops::attention_keep_words(be, dims(p, l), compute_, layer_dropout(p.drop, l, 0));
   if (words == 0) return {};
   return mem.take(c, name, c == Category::Activations ? l : -1, DType::I32,
                   {p.ad.batch, p.ad.heads, p.ad.seq, words});
@@ -152,6 +177,7 @@ Tensor SequenceClassifier::attention_keep(const Backend& be, BufferSource& mem, 
 
 void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
                                                   const Tensor& x) {
+  if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x);
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
   const Layer& P = layers_[l];
@@ -202,7 +228,8 @@ void SequenceClassifier::release_unkept(BufferSource& mem, int l, const Tensor& 
   } else if (checkpointing_ == Checkpointing::Selective) {
     mem.release(s.ctx);
     mem.release(s.ln1_out);
-    if (l > 0) mem.release(x);  // recomputed from the previous layer's ln2_in
+    if (pre_norm_) release_if_taken(mem, s.attn_norm_out);  // x, the residual stream, stays
+    else if (l > 0) mem.release(x);  // recomputed from the previous layer's ln2_in
   }
 }
 
@@ -212,7 +239,7 @@ Tensor SequenceClassifier::recompute_layernorm(Backend& be, BufferSource& mem, c
   Tensor y = activation(mem, name, l, sum.shape);
   Tensor mean = mem.take(Category::Workspace, "recomputed_ln_mean", -1, DType::F32, {T});
   Tensor rstd = mem.take(Category::Workspace, "recomputed_ln_rstd", -1, DType::F32, {T});
-  ops::layernorm_forward(be, sum, w(n.g), w(n.b), cfg_.layer_norm_eps, y, mean, rstd);
+  ops::layernorm_forward(be, sum, w(n.g), opt(n.b), cfg_.layer_norm_eps, y, mean, rstd);
   mem.release(mean);
   mem.release(rstd);
   return y;
@@ -227,24 +254,24 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
     h.positions = mem.take(Category::Activations, "position_ids", -1, DType::I32, {int64_t(B) * S});
     ops::position_ids_after_padding(be, p.batch.input_ids, cfg_.pad_token_id, S, h.positions);
   }
-  const Tensor types = token_types(p.batch), type_table = type_ ? w(type_) : Tensor{};
+  const Tensor types = token_types(p.batch), type_table = opt(type_), pos_table = opt(pos_);
   h.emb_sum = activation(mem, "embeddings_sum", -1, {T, E});
   h.emb_mean = row_stats(mem, "embeddings_ln_mean", -1, {T});
   h.emb_rstd = row_stats(mem, "embeddings_ln_rstd", -1, {T});
   const bool packed = p.batch.tokens > 0;
   if (packed) {  // embedded in the padded layout (positions are columns there), then packed
     Tensor padded = scratch(mem, "embeddings_padded", {int64_t(B) * S, E});
-    ops::embedding_forward(be, p.batch.input_ids, types, h.positions, w(word_), w(pos_), type_table, S, padded);
+    ops::embedding_forward(be, p.batch.input_ids, types, h.positions, w(word_), pos_table, type_table, S, padded);
     ops::gather_rows(be, padded, p.batch.packed_rows, h.emb_sum);
     mem.release(padded);
   } else {
-    ops::embedding_forward(be, p.batch.input_ids, types, h.positions, w(word_), w(pos_), type_table, S, h.emb_sum);
+    ops::embedding_forward(be, p.batch.input_ids, types, h.positions, w(word_), pos_table, type_table, S, h.emb_sum);
   }
   Tensor& normed = projection_.w ? h.emb_norm : h.emb_out;
   normed = activation(mem, projection_.w ? "embeddings_norm" : "embeddings_out", -1, {T, E});
-  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), w(emb_ln_.b), cfg_.layer_norm_eps, normed, h.emb_mean,
+  ops::layernorm_forward(be, h.emb_sum, w(emb_ln_.g), opt(emb_ln_.b), cfg_.layer_norm_eps, normed, h.emb_mean,
                          h.emb_rstd);
-  ops::dropout(be, normed, dropout(p.drop, cfg_.hidden_dropout_prob, 0), normed);
+  ops::dropout(be, normed, dropout(p.drop, cfg_.effective_embedding_dropout(), 0), normed);
   if (projection_.w) {  // ELECTRA: embedding_size -> hidden_size
     h.emb_out = activation(mem, "embeddings_out", -1, {T, H});
     const Tensor proj_b = w(projection_.b);
@@ -259,17 +286,36 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
     release_unkept(mem, l, x, keep_for_backward);
   }
 
-  const Tensor& last = L > 0 ? saved_[L - 1].out : h.emb_out;
+  const Tensor* last = L > 0 ? &saved_[L - 1].out : &h.emb_out;
+  if (final_norm_.g) {  // pre-norm: backward reads the last layer's output, the norm's input
+    h.final_out = activation(mem, "final_norm_out", -1, {T, H});
+    h.final_mean = row_stats(mem, "final_norm_mean", -1, {T});
+    h.final_rstd = row_stats(mem, "final_norm_rstd", -1, {T});
+    ops::layernorm_forward(be, *last, w(final_norm_.g), opt(final_norm_.b), cfg_.layer_norm_eps, h.final_out,
+                           h.final_mean, h.final_rstd);
+    if (!keep_for_backward) {
+      mem.release(*last);
+      mem.release(h.final_mean);
+      mem.release(h.final_rstd);
+    }
+    last = &h.final_out;
+  }
   HONE_CHECK(!packed || !hidden_out, "the last hidden state of a packed batch is not in the padded layout");
-  if (hidden_out && !be.dry_run) be.read(last, hidden_out, size_t(T * H));
+  if (hidden_out && !be.dry_run) be.read(*last, hidden_out, size_t(T * H));
   h.cls_tok = activation(mem, "cls_token", -1, {B, H});
-  if (packed)
-    ops::gather_rows(be, last, p.batch.row_start.rows(0, B), h.cls_tok);  // each sequence's first token
-  else
-    ops::gather_first_tokens(be, last, S, h.cls_tok);
-  // Nothing in backward reads the last layer's output (in training the embeddings' output
-  // stays for the first layer's backward).
-  if (L > 0 || !keep_for_backward) mem.release(last);
+  if (cfg_.classifier_pooling == "mean") {
+    HONE_CHECK(!packed, "mean pooling reads the padded layout: a packed batch cannot have it");
+    ops::mean_pool_forward(be, *last, p.batch.attention_mask, h.cls_tok);
+  } else if (packed) {
+    ops::gather_rows(be, *last, p.batch.row_start.rows(0, B), h.cls_tok);  // each sequence's first token
+  } else {
+    ops::gather_first_tokens(be, *last, S, h.cls_tok);
+  }
+  // Nothing in backward reads the encoder's output (in training the embeddings' output
+  // stays for the first layer's backward, and a pre-norm encoder's last layer output
+  // for its final norm's).
+  if (final_norm_.g) mem.release(h.final_out);
+  else if (L > 0 || !keep_for_backward) mem.release(*last);
   head_forward(be, mem, p, h);
   h.cls_in = activation(mem, "classifier_in", -1, {B, H});
   ops::dropout(be, h.pooled, head_dropout(p.drop, 0), h.cls_in);
@@ -277,6 +323,17 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   const Tensor out_b = w(head_out_.b);
   ops::linear_forward(be, h.cls_in, w(head_out_.w), &out_b, h.logits);
   return h;
+}
+
+Activation SequenceClassifier::head_activation() const {
+  switch (family_->head.activation) {
+    case HeadActivation::Gelu: return Activation::Gelu;
+    case HeadActivation::Relu: return Activation::Relu;
+    case HeadActivation::Config: return cfg_.head_activation();
+    case HeadActivation::Tanh: break;
+  }
+  HONE_CHECK(false, "tanh is not an Activation");
+  return Activation::Gelu;
 }
 
 void SequenceClassifier::head_forward(Backend& be, BufferSource& mem, const Pass& p, SavedHead& h) {
@@ -287,17 +344,25 @@ void SequenceClassifier::head_forward(Backend& be, BufferSource& mem, const Pass
     h.head_in = activation(mem, "head_in", -1, {B, H});
     ops::dropout(be, h.cls_tok, head_dropout(p.drop, 1), h.head_in);
   }
-  const Tensor dense_b = w(head_dense_.b);
+  const Tensor dense_b = opt(head_dense_.b);
   h.pooled = activation(mem, "pooled", -1, {B, H});
   if (spec.activation == HeadActivation::Tanh) {
-    ops::linear_forward(be, h.head_in, w(head_dense_.w), &dense_b, h.pooled);
+    ops::linear_forward(be, h.head_in, w(head_dense_.w), ptr(dense_b), h.pooled);
     ops::tanh_forward(be, h.pooled, h.pooled);
     return;
   }
   h.head_pre = activation(mem, "head_preactivation", -1, {B, H});
-  ops::linear_forward(be, h.head_in, w(head_dense_.w), &dense_b, h.head_pre);
-  ops::activation_forward(be, spec.activation == HeadActivation::Gelu ? Activation::Gelu : Activation::Relu,
-                          h.head_pre, h.pooled);
+  ops::linear_forward(be, h.head_in, w(head_dense_.w), ptr(dense_b), h.head_pre);
+  if (!head_norm_.g) {
+    ops::activation_forward(be, head_activation(), h.head_pre, h.pooled);
+    return;
+  }
+  h.head_act = activation(mem, "head_activation", -1, {B, H});  // ModernBERT: dense, act, LayerNorm
+  ops::activation_forward(be, head_activation(), h.head_pre, h.head_act);
+  h.head_mean = row_stats(mem, "head_norm_mean", -1, {B});
+  h.head_rstd = row_stats(mem, "head_norm_rstd", -1, {B});
+  ops::layernorm_forward(be, h.head_act, w(head_norm_.g), opt(head_norm_.b), cfg_.layer_norm_eps, h.pooled,
+                         h.head_mean, h.head_rstd);
 }
 
 void SequenceClassifier::head_backward(Backend& be, BufferSource& mem, const Pass& p, SavedHead& h,
@@ -306,13 +371,17 @@ void SequenceClassifier::head_backward(Backend& be, BufferSource& mem, const Pas
   if (spec.activation == HeadActivation::Tanh) {
     ops::tanh_backward(be, d_pooled, h.pooled, d_pooled);
   } else {
-    ops::activation_backward(be, spec.activation == HeadActivation::Gelu ? Activation::Gelu : Activation::Relu,
-                             d_pooled, h.head_pre, d_pooled);
+    if (head_norm_.g) {
+      Tensor gg = g(head_norm_.g), gb = opt_g(head_norm_.b);
+      ops::layernorm_backward(be, d_pooled, h.head_act, w(head_norm_.g), h.head_mean, h.head_rstd, d_pooled, gg, gb);
+      for (const Tensor* t : {&h.head_act, &h.head_mean, &h.head_rstd}) mem.release(*t);
+    }
+    ops::activation_backward(be, head_activation(), d_pooled, h.head_pre, d_pooled);
     mem.release(h.head_pre);
   }
   mem.release(h.pooled);
-  Tensor gdense_w = g(head_dense_.w), gdense_b = g(head_dense_.b);
-  ops::linear_backward(be, d_pooled, h.head_in, w(head_dense_.w), &d_tok, false, gdense_w, &gdense_b);
+  Tensor gdense_w = g(head_dense_.w), gdense_b = opt_g(head_dense_.b);
+  ops::linear_backward(be, d_pooled, h.head_in, w(head_dense_.w), &d_tok, false, gdense_w, ptr(gdense_b));
   if (spec.dropout_first) {
     mem.release(h.head_in);
     ops::dropout(be, d_tok, head_dropout(p.drop, 1), d_tok);
@@ -332,7 +401,9 @@ void SequenceClassifier::forward(Backend& be, BufferSource& mem, const BatchTens
     Tensor to = out.logits_copy->rows(0, h.logits.shape[0]);
     ops::copy(be, h.logits, to);
   }
-  for (const Tensor* t : {&h.cls_tok, &h.head_pre, &h.pooled, &h.cls_in, &h.logits}) release_if_taken(mem, *t);
+  for (const Tensor* t : {&h.cls_tok, &h.head_pre, &h.head_act, &h.head_mean, &h.head_rstd, &h.pooled, &h.cls_in,
+                          &h.logits})
+    release_if_taken(mem, *t);
   if (family_->head.dropout_first) mem.release(h.head_in);
 }
 
@@ -365,8 +436,19 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   head_backward(be, mem, p, h, d_pooled, d_tok);
   mem.release(d_pooled);
   Tensor dh = scratch(mem, "hidden_grad", {p.tokens, H});  // gradient flowing down the layers
-  ops::scatter_first_tokens(be, d_tok, S, dh);
+  if (cfg_.classifier_pooling == "mean")
+    ops::mean_pool_backward(be, d_tok, batch.attention_mask, dh);
+  else
+    ops::scatter_first_tokens(be, d_tok, S, dh);
   mem.release(d_tok);
+  if (final_norm_.g) {  // in place: dh becomes the gradient of the last layer's output
+    Tensor gg = g(final_norm_.g), gb = opt_g(final_norm_.b);
+    const Tensor& last = L > 0 ? saved_[L - 1].out : h.emb_out;
+    ops::layernorm_backward(be, dh, last, w(final_norm_.g), h.final_mean, h.final_rstd, dh, gg, gb);
+    mem.release(h.final_mean);
+    mem.release(h.final_rstd);
+    if (L > 0) mem.release(last);
+  }
 
   group_grads_done(be, mem, L + 1);
 
@@ -377,7 +459,7 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
 
   // emb_out = dropout(LN(emb_sum)), projected by ELECTRA
   take_grads(be, mem, 0);
-  Tensor gemb_g = g(emb_ln_.g), gemb_b = g(emb_ln_.b), gword = g(word_), gpos = g(pos_);
+  Tensor gemb_g = g(emb_ln_.g), gemb_b = opt_g(emb_ln_.b), gword = g(word_), gpos = opt_g(pos_);
   Tensor gtype = type_ ? g(type_) : Tensor{};
   if (projection_.w) {
     Tensor d_norm = scratch(mem, "embeddings_norm_grad", {p.tokens, E});
@@ -387,7 +469,7 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
     mem.release(h.emb_norm);
     dh = d_norm;
   }
-  ops::dropout(be, dh, dropout(drop, cfg_.hidden_dropout_prob, 0), dh);
+  ops::dropout(be, dh, dropout(drop, cfg_.effective_embedding_dropout(), 0), dh);
   Tensor d_emb = scratch(mem, "embeddings_grad", {p.tokens, E});
   ops::layernorm_backward(be, dh, h.emb_sum, w(emb_ln_.g), h.emb_mean, h.emb_rstd, d_emb, gemb_g, gemb_b);
   mem.release(dh);
@@ -402,6 +484,7 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
 
 void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
                                                    Tensor& dh) {
+  if (pre_norm_) return prenorm_layer_backward(be, mem, p, l, x, dh);
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const bool selective = checkpointing_ == Checkpointing::Selective;
   const Layer& P = layers_[l];
@@ -459,8 +542,8 @@ void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pa
   mem.release(d_res);
   Tensor d_qkv = scratch(mem, "qkv_grad", {T, 3 * H});
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
-                       {be.attention_workspace_elems(p.ad, compute_)});
-  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, p.ad,
+                       {be.attention_workspace_elems(dims(p, l), compute_)});
+  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, dims(p, l),
                           layer_dropout(p.drop, l, 0), d_qkv, ws);
   mem.release(ws);
   mem.release(d_ctx);

@@ -41,7 +41,9 @@ void init_entry(const ModelConfig& c, const ParamEntry& e, size_t index, float* 
 // What transformers initialises anew when it loads an encoder for sequence
 // classification: the head (BERT's pooler, which checkpoints saved without one lack, and
 // the classifier; the other families' classification heads).
-bool is_task_head(const ParamEntry& e, const ParamLayout& layout) {
+bool is_task_head(const ParamEntry& e, const ParamLayout& layout, const ModelConfig& c) {
+  const std::string& final_norm = c.family().final_norm;  // the encoder's, in the head's group
+  if (!final_norm.empty() && e.name.starts_with(final_norm + ".")) return false;
   return e.group == int(layout.groups().size()) - 1;
 }
 
@@ -108,7 +110,7 @@ ParamInit param_init(const ModelConfig& c, const ParamEntry& e, size_t index) {
     case ParamKind::Weight: break;
   }
   init.normal = true;
-  init.value = c.initializer_range;
+  init.value = e.init_std > 0.0f ? e.init_std : c.initializer_range;
   init.stream = kInitStream | index;
   if (e.zero_row >= 0 && e.zero_row < e.shape[0]) {
     init.zero_begin = e.zero_row * e.shape[1];
@@ -154,7 +156,7 @@ LoadReport load_weights(const std::string& path, const ModelConfig& c, const Par
   std::vector<std::string> absent;  // encoder parameters the file has under no name, in no shape
   size_t encoder_tensors = 0;
   for (const auto& e : layout.entries()) {
-    const bool head = is_task_head(e, layout);
+    const bool head = is_task_head(e, layout, c);
     encoder_tensors += !head;
     if (loaded.count(e.name)) continue;
     report.initialized.push_back(e.name);
@@ -183,7 +185,7 @@ void check_weights_fit(const std::string& path, const ModelConfig& c, bool ignor
   std::vector<std::string> absent;
   size_t encoder_tensors = 0;
   for (const auto& e : layout.entries()) {
-    if (is_task_head(e, layout)) continue;
+    if (is_task_head(e, layout, c)) continue;
     ++encoder_tensors;
     if (!found.count(e.name)) absent.push_back(e.name);
   }

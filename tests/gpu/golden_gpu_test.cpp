@@ -49,7 +49,7 @@ TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenGpuTest,
                          ::testing::Values("bert_cls", "bert_reg", "roberta_cls", "xlm_roberta_reg", "distilbert_cls",
-                                           "electra_cls"));
+                                           "electra_cls", "modernbert_cls", "modernbert_mean_reg"));
 
 ModelConfig dropout_config() {
   ModelConfig c = *builtin_config("bert-tiny");

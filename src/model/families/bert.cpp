@@ -22,7 +22,7 @@ const ModelFamily& bert_family() {
     f.embedding_norm = "LayerNorm";
     f.layer_prefix = "bert.encoder.layer";
     f.layer = bert_layer_names();
-    f.head = {"bert.pooler.dense", "classifier", HeadActivation::Tanh, false};
+    f.head = {"bert.pooler.dense", "classifier", HeadActivation::Tanh, false, ""};
     return f;
   }();
   return f;

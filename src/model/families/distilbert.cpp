@@ -20,7 +20,7 @@ const ModelFamily& distilbert_family() {
                "sa_layer_norm",   "ffn.lin1",        "ffn.lin2",        "output_layer_norm"};
     f.token_types = false;
       f.attention_output_dropout = false;
-    f.head = {"pre_classifier", "classifier", HeadActivation::Relu, false};
+    f.head = {"pre_classifier", "classifier", HeadActivation::Relu, false, ""};
     f.renamed_fields = {{"dim", "hidden_size"},
                         {"n_layers", "num_hidden_layers"},
                         {"n_heads", "num_attention_heads"},

@@ -19,7 +19,7 @@ const ModelFamily& electra_family() {
     f.layer_prefix = "electra.encoder.layer";
     f.layer = bert_layer_names();
     f.projection = "electra.embeddings_project";
-    f.head = {"classifier.dense", "classifier.out_proj", HeadActivation::Gelu, true};
+    f.head = {"classifier.dense", "classifier.out_proj", HeadActivation::Gelu, true, ""};
     f.defaults = {{"embedding_size", 128},
                   {"hidden_size", 256},
                   {"num_attention_heads", 4},

@@ -9,7 +9,8 @@ namespace {
 
 const ModelFamily* const* registry() {
   static const ModelFamily* const families[] = {&bert_family(),       &roberta_family(), &xlm_roberta_family(),
-                                                &distilbert_family(), &electra_family(), nullptr};
+                                                &distilbert_family(), &electra_family(), &modernbert_family(),
+                                                nullptr};
   return families;
 }
 

@@ -19,7 +19,7 @@ ModelFamily roberta_like(const char* model_type, const char* architecture) {
   f.layer_prefix = "roberta.encoder.layer";
   f.layer = bert_layer_names();
   f.positions = PositionIds::AfterPadding;
-  f.head = {"classifier.dense", "classifier.out_proj", HeadActivation::Tanh, true};
+  f.head = {"classifier.dense", "classifier.out_proj", HeadActivation::Tanh, true, ""};
   f.position_table_last = true;
   f.defaults = {{"pad_token_id", 1}, {"bos_token_id", 0}, {"eos_token_id", 2}};
   return f;
