@@ -5,7 +5,8 @@
 // sequence; the masked softmax with dropout and its backward are row kernels. Products
 // are written column-major, so each computes the transpose of the row-major result.
 // The [B, heads, S, S] probabilities live only in the workspace: backward recomputes
-// them from the scores and the saved per-row {max, 1 / sum}.
+// them from the scores and the saved per-row {max, 1 / sum}. A window (d.window) is applied
+// in the row kernels (keys outside it get probability 0); the products stay [S, S].
 //
 // BF16 / F16: hone's flash attention (flash_attention.h), no [S, S] matrix anywhere, with
 // the F32 path's semantics and dropout masks; stats keeps {max, 1 / sum} of each query row
@@ -14,7 +15,9 @@
 // (ones, then zeros; the caller guarantees it); stats keeps the log-sum-exp of each query
 // row in its first B*heads*S floats, and dropout draws cuDNN's own Philox mask (not
 // attention_keep's): the same DropoutSpec gives the same mask in forward and backward, but
-// not the F32 path's mask.
+// not the F32 path's mask. cuDNN's graph here has no band mask, so a windowed call runs
+// hone's flash kernels even then (cudnn_runs), with their stats and dropout masks.
+#include <algorithm>
 #include <cfloat>
 
 #include "cuda/check.h"
@@ -52,19 +55,28 @@ __device__ __forceinline__ void keep_bits(DropoutSpec d, uint64_t idx, bool (&ke
   }
 }
 
+// A score as the softmax takes it: -inf outside the query's window (no weight, whatever
+// the mask), the score plus -FLT_MAX for a masked key.
+__device__ __forceinline__ float windowed_score(float score, int32_t mask, int window, int query, int key) {
+  if (outside_window(window, query, key)) return -INFINITY;
+  return mask == 0 ? score + -FLT_MAX : score;
+}
+
 // probs holds the scaled scores [rows, S] and becomes the softmax over each row; masked
 // keys (mask[b, j] == 0) get -FLT_MAX added, as on the CPU, so a row with every key
-// masked is uniform. stats receives each row's {max, 1 / sum}. With dropout, probs
-// receives dropout(probs) instead: backward recomputes the rest.
+// masked is uniform, and keys outside the query's window get probability 0. stats
+// receives each row's {max, 1 / sum}. With dropout, probs receives dropout(probs)
+// instead: backward recomputes the rest.
 template <int W>
 __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
                                        float* __restrict__ stats, bool dropping, int64_t rows, int S,
-                                       int rows_per_seq, DropoutSpec drop, float keep_scale) {
+                                       int rows_per_seq, int window, DropoutSpec drop, float keep_scale) {
   drop = resolved(drop);
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
   float* p = probs + row * S;
   const int32_t* m = mask + (live ? row / rows_per_seq : 0) * S;
+  const int query = int(row % S);
   float v[kGroups][W];
   float mx = -INFINITY;
   #pragma unroll
@@ -76,7 +88,7 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict
       cuda::load<W>(m + c, mk);
       #pragma unroll
       for (int t = 0; t < W; ++t) {
-        if (mk[t] == 0) v[g][t] += -FLT_MAX;
+        v[g][t] = windowed_score(v[g][t], mk[t], window, query, c + t);
         mx = fmaxf(mx, v[g][t]);
       }
     }
@@ -119,13 +131,14 @@ __global__ void __launch_bounds__(1024) softmax_forward_kernel(float* __restrict
 template <int W>
 __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restrict__ probs, const int32_t* __restrict__ mask,
                                         const float* __restrict__ stats, float* __restrict__ grad,
-                                        bool dropping, int64_t rows, int S, int rows_per_seq,
+                                        bool dropping, int64_t rows, int S, int rows_per_seq, int window,
                                         DropoutSpec drop, float keep_scale) {
   drop = resolved(drop);
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;
   float* p = probs + row * S;
   const int32_t* m = mask + (live ? row / rows_per_seq : 0) * S;
+  const int query = int(row % S);
   const float mx = live ? stats[2 * row] : 0.0f, inv = live ? stats[2 * row + 1] : 0.0f;
   float* gr = grad + row * S;
   float pv[kGroups][W], gv[kGroups][W];
@@ -138,10 +151,7 @@ __global__ void __launch_bounds__(1024) softmax_backward_kernel(float* __restric
     cuda::load<W>(p + c, pv[g]);
     cuda::load<W>(m + c, mk);
     #pragma unroll
-    for (int t = 0; t < W; ++t) {
-      if (mk[t] == 0) pv[g][t] += -FLT_MAX;
-      pv[g][t] = expf(pv[g][t] - mx) * inv;
-    }
+    for (int t = 0; t < W; ++t) pv[g][t] = expf(windowed_score(pv[g][t], mk[t], window, query, c + t) - mx) * inv;
     cuda::load<W>(gr + c, gv[g]);
     if (dropping) {
       bool keep[W];
@@ -336,27 +346,35 @@ void fused_backward(cuda::SdpaCache*& cache, cudaStream_t stream, const Tensor& 
 
 }  // namespace
 
+// Whether this BF16/F16 call runs cuDNN's fused attention: under HONE_ATTENTION=cudnn,
+// unless it has a window (hone's flash kernels take those: the cuDNN graph of sdpa.cpp has
+// no band mask).
+bool CudaBackend::cudnn_runs(const AttentionDims& d) const { return cudnn_attention_ && d.window < 0; }
+
 // F32: two [B, heads, S, S] blocks, the (dropped) probabilities and d(probs). BF16 / F16:
 // the flash kernels' scratch (dominated by the dQ accumulator, B*S*H floats), or cuDNN's
-// (the same accumulator, and 1 MiB for cuDNN).
+// (the same accumulator, and 1 MiB for cuDNN). Under HONE_ATTENTION=cudnn the larger of
+// the two, whatever the window, so that a workspace planned from one layer's dims serves
+// a model whose local (windowed, flash) and global (cuDNN) layers share it.
 int64_t CudaBackend::attention_workspace_elems(const AttentionDims& d, DType t) const {
   if (t == DType::F32) return 2 * int64_t(d.batch) * d.heads * d.seq * d.seq;
   if (t == DType::BF16 || t == DType::F16)
-    return cudnn_attention_ ? fused_scratch(d).total : cuda::flash_scratch(d).total;
+    return cudnn_attention_ ? std::max(fused_scratch(d).total, cuda::flash_scratch(d).total)
+                            : cuda::flash_scratch(d).total;
   fail("attention on CUDA: dtype {} is not a floating compute dtype", dtype_name(t));
 }
 
 // The flash kernels keep their mask for backward; cuDNN draws its own again, and the F32
 // path redraws attention_keep's.
 int CudaBackend::attention_keep_words(const AttentionDims& d, DType t) const {
-  return t != DType::F32 && !cudnn_attention_ ? cuda::keep_words(d.seq) : 0;
+  return t != DType::F32 && !cudnn_runs(d) ? cuda::keep_words(d.seq) : 0;
 }
 
 void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                     const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
                                     Tensor& workspace) {
   if (qkv.dtype != DType::F32) {
-    if (cudnn_attention_) return fused_forward(sdpa_, stream_, qkv, mask, d, drop, stats, ctx, workspace);
+    if (cudnn_runs(d)) return fused_forward(sdpa_, stream_, qkv, mask, d, drop, stats, ctx, workspace);
     return cuda::flash_forward(stream_, qkv, mask, d, drop, stats, keep, ctx, workspace);
   }
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
@@ -375,11 +393,11 @@ void CudaBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const
   if (cuda::vec4_ok(S, {probs.data, m})) {
     const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 4, kGroups);
     softmax_forward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropping, rows, S,
-                                                                d.heads * S, drop, keep_scale);
+                                                                d.heads * S, d.window, drop, keep_scale);
   } else {
     const cuda::RowLaunch l = cuda::row_launch("attention_forward", rows, S, 1, kGroups);
     softmax_forward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), dropping, rows, S,
-                                                                d.heads * S, drop, keep_scale);
+                                                                d.heads * S, d.window, drop, keep_scale);
   }
   HONE_CUDA_LAUNCH_CHECK();
   // ctx^T = V^T P^T per head
@@ -404,8 +422,7 @@ void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, cons
                                      const Tensor& stats, const Tensor& keep, const AttentionDims& d,
                                      const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
   if (qkv.dtype != DType::F32) {
-    if (cudnn_attention_)
-      return fused_backward(sdpa_, stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
+    if (cudnn_runs(d)) return fused_backward(sdpa_, stream_, dctx, qkv, ctx, mask, stats, d, drop, dqkv, workspace);
     return cuda::flash_backward(stream_, dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
   }
   const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
@@ -433,11 +450,11 @@ void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, cons
   if (cuda::vec4_ok(S, {probs.data, m, grad})) {
     const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 4, kGroups);
     softmax_backward_kernel<4><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropping, rows, S,
-                                                                 d.heads * S, drop, keep_scale);
+                                                                 d.heads * S, d.window, drop, keep_scale);
   } else {
     const cuda::RowLaunch l = cuda::row_launch("attention_backward", rows, S, 1, kGroups);
     softmax_backward_kernel<1><<<l.grid, l.block, 0, stream_>>>(probs.f32(), m, stats.f32(), grad, dropping, rows, S,
-                                                                 d.heads * S, drop, keep_scale);
+                                                                 d.heads * S, d.window, drop, keep_scale);
   }
   HONE_CUDA_LAUNCH_CHECK();
   const float* p = probs.f32();  // dropout(P), or P without dropout

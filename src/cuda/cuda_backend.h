@@ -242,7 +242,9 @@ class CudaBackend final : public Backend {
   // attention.cu: BF16/F16 attention runs hone's flash kernels unless HONE_ATTENTION=cudnn
   // (read once, at construction); then cuDNN's handle and fused-attention plans, made on
   // the first BF16/F16 attention call, freed by the destructor (cuda::destroy_sdpa_cache).
+  // Windowed calls run the flash kernels even then (cudnn_runs).
   bool cudnn_attention_ = false;
+  bool cudnn_runs(const AttentionDims& d) const;
   cuda::SdpaCache* sdpa_ = nullptr;
 };
 

@@ -3,6 +3,7 @@
 // conversion of the F32 dQ accumulator into dqkv.
 #include "cuda/flash_attention.h"
 
+#include <algorithm>
 #include <type_traits>
 #include <utility>
 
@@ -42,14 +43,28 @@ __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int3
 // them again: no kernel draws Philox blocks between its MMAs, where the draws' latency
 // would stall the tensor cores. (Drawn by the Hopper forward's three idle producer warps
 // instead, they made it slower: 0.32 ms against 0.24 at bert-large's shape.)
-__global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int64_t rows, uint32_t* __restrict__ bits) {
+// With a window, a row draws only the `span` words from the one of its first key within
+// the window (window_words) that hold such a key; the others, whose keys have no weight,
+// are not written: the kernels read them only to multiply probabilities of 0.
+__global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int window, int span, int64_t rows,
+                                 uint32_t* __restrict__ bits) {
   const uint64_t stream = dropout_stream(drop);
   const uint32_t threshold = attention_keep_threshold(drop.p);
-  for (int64_t i = grid_start(); i < rows * W; i += grid_stride()) {
-    const int64_t row = i / W;
-    const int key0 = int(i % W) * 32;
-    bits[i] = flash::draw_keep_word(drop.seed, stream, drop.p, threshold, S, uint64_t(row) * S + key0, key0);
+  for (int64_t i = grid_start(); i < rows * span; i += grid_stride()) {
+    const int64_t row = i / span;
+    const int query = window >= 0 ? int(row % S) : 0;
+    const int w = (window >= 0 ? max(query - window, 0) / 32 : 0) + int(i % span);
+    const int key0 = w * 32;
+    if (w >= W || (window >= 0 && int64_t(key0) > int64_t(query) + window)) continue;
+    bits[row * W + w] =
+        flash::draw_keep_word(drop.seed, stream, drop.p, threshold, S, uint64_t(row) * S + key0, key0);
   }
+}
+
+// The words of keep bits a row draws: all W, or with a window those from the word of its
+// first key within it to the word of its last, at most 2 window / 32 + 2 of them.
+int window_words(int W, int window) {
+  return window >= 0 ? int(std::min<int64_t>(W, 2 * int64_t(window) / 32 + 2)) : W;
 }
 
 // row_dot[b, h, i] = dctx[b, i, head h] . ctx[b, i, head h] in F32: D / 8 lanes per row,
@@ -136,6 +151,7 @@ int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, con
   if (int64_t(d.batch) * d.heads > 65535)
     fail("flash attention: batch x heads = {} exceeds 65535", int64_t(d.batch) * d.heads);
   if (!(drop.p >= 0.0f && drop.p < 1.0f)) fail("attention dropout probability {} is not in [0, 1)", drop.p);
+  if (d.window < -1) fail("flash attention: window {} must be -1 (no window) or a distance >= 0", d.window);
   const int64_t T = int64_t(d.batch) * d.seq;
   check_tensor(qkv, qkv.dtype, T * 3 * d.hidden(), "qkv");
   check_tensor(mask, DType::I32, T, "mask");
@@ -169,9 +185,9 @@ uint32_t* keep_bits(const Tensor& keep, const AttentionDims& d, const DropoutSpe
 // The forward's mask into `bits` (when dropping).
 void draw_keep_bits(cudaStream_t stream, const AttentionDims& d, const DropoutSpec& drop, uint32_t* bits) {
   if (!bits) return;
-  const int W = keep_words(d.seq);
+  const int W = keep_words(d.seq), span = window_words(W, d.window);
   const int64_t rows = int64_t(d.batch) * d.heads * d.seq;
-  keep_bits_kernel<<<blocks_for(rows * W), kThreads, 0, stream>>>(drop, d.seq, W, rows, bits);
+  keep_bits_kernel<<<blocks_for(rows * span), kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, rows, bits);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -215,9 +231,10 @@ void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, c
   check_tensor(ctx, qkv.dtype, int64_t(d.batch) * d.seq * d.hidden(), "ctx");
   uint32_t* bits = keep_bits(keep, d, drop);
   draw_keep_bits(stream, d, drop, bits);
-  const flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
-                             reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
-                             keep_scale(drop), bits, keep_words(d.seq)};
+  flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
+                       reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
+                       keep_scale(drop), bits, keep_words(d.seq)};
+  a.window = d.window;
   if (use_hopper(d)) {
     const bool bf16 = qkv.dtype == DType::BF16;
     const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, int64_t(d.batch) * d.seq, 3 * d.hidden(), 128);
@@ -238,11 +255,13 @@ void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& 
   HONE_CHECK(qkv.dtype == DType::BF16 || qkv.dtype == DType::F16, "packed flash attention takes BF16 or F16, not {}",
              dtype_name(qkv.dtype));
   HONE_CHECK(flash_supports_head_dim(d.head_dim), "packed flash attention: no kernel for head size {}", d.head_dim);
+  HONE_CHECK(d.window >= -1, "packed flash attention: window {} must be -1 (no window) or a distance >= 0", d.window);
   HONE_CHECK(ctx.dtype == qkv.dtype && ctx.numel() * 3 == qkv.numel(), "packed flash attention: ctx {} for qkv {}",
              ctx.shape.str(), qkv.shape.str());
   flash::ForwardArgs a{qkv.data, nullptr, nullptr, ctx.data, nullptr, d.seq, d.heads, d.scale * kLog2e,
                        DropoutSpec{}, 1.0f, nullptr, 0};
   a.row_start = row_start.ptr<int32_t>();
+  a.window = d.window;
   if (use_hopper(d)) {
     // A tile that runs past a sequence's end reads the next one's rows (or TMA's zeros past
     // the last): their keys are masked and their queries' outputs not written.
@@ -272,9 +291,10 @@ void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, 
   float* dq_accum = workspace.f32() + f.dq_accum;
   float* row_dot = workspace.f32() + f.row_dot;
   HONE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(T * H) * sizeof(float), stream));
-  const flash::BackwardArgs a{qkv.data, dctx.data, mask.ptr<int32_t>(), key_lengths,
-                              reinterpret_cast<const float2*>(stats.f32()), row_dot, dq_accum, dqkv.data, d.seq,
-                              d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop), bits, keep_words(d.seq)};
+  flash::BackwardArgs a{qkv.data, dctx.data, mask.ptr<int32_t>(), key_lengths,
+                        reinterpret_cast<const float2*>(stats.f32()), row_dot, dq_accum, dqkv.data, d.seq,
+                        d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop), bits, keep_words(d.seq)};
+  a.window = d.window;
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
     using T16 = typename decltype(type)::type;
     constexpr int D = decltype(dim)::value;

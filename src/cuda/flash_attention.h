@@ -3,7 +3,9 @@
 // FlashAttention-2's tiling on mma.sync tensor cores, no [S, S] matrix anywhere, the
 // semantics of src/ops/attention.cpp (any 0/1 mask, -FLT_MAX on masked keys, dropout with
 // hone's Philox stream (attention_keep), so the CPU reference reproduces its masks). Head sizes 16, 32, 64
-// and 128.
+// and 128. A window (AttentionDims::window) skips the key blocks (forward) and query blocks
+// (backward) that lie wholly outside it and gives the elements outside it no weight, as
+// keys past the sequence; without one the kernels do exactly what they did before it.
 //
 // stats [B, heads, S, 2] keeps, per query row, {max, 1 / sum}: the maximum of its masked
 // scores in base-2 units (scale * q.k * log2 e) and the reciprocal of the sum of exp2(x -
@@ -25,7 +27,8 @@ struct FlashScratch {
 };
 FlashScratch flash_scratch(const AttentionDims& d);
 // 32-bit words of dropout keep bits per query row, which the forward saves for the
-// backward: S rounded up to 128 keys (a 16-byte TMA row).
+// backward: S rounded up to 128 keys (a 16-byte TMA row). With a window, only the words that
+// hold a key within it of the row are written.
 int keep_words(int seq);
 
 // Whether flash_forward / flash_backward run this head size.

@@ -5,7 +5,9 @@
 // accumulates dV += P'^T dO and dK += dS^T Q in registers (P' the dropped P). dS goes
 // through shared memory so that the CTA can add its share of dQ = dS K to an F32
 // accumulator with atomics. Key tiles past the sequence's last attended key only write
-// their zero gradients.
+// their zero gradients. With a window, only the query tiles that hold a query within it of
+// one of the CTA's keys are walked, and the tiles that cross its edge give the elements
+// outside it no weight.
 #include "cuda/check.h"
 #include "cuda/flash_kernels.h"
 
@@ -46,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   T* dk_dst = static_cast<T*>(a.dqkv) + seq_row0 * ld + H + h * D;
   T* dv_dst = dk_dst + H;
 
-  if (key0 >= a.key_lengths[b]) {  // no query attends to these keys: dK = dV = 0
+  if (key0 >= weighted_keys(a.key_lengths, b, S, a.window)) {  // no query attends to these keys: dK = dV = 0
     for (int c = threadIdx.x; c < Bc * (D / 8); c += kThreads) {
       const int r = c / (D / 8), k = c % (D / 8);
       if (key0 + r >= S) break;
@@ -57,6 +59,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   }
 
   const int q_tiles = (S + Br - 1) / Br;
+  const BlockRange walk = window_blocks(a.window, key0, min(key0 + Bc, S) - 1, Br, q_tiles);
   const auto load_queries = [&](int tile) {
     const int buf = tile & 1;
     load_rows_async<T, D>(sQ + buf * Br * LD, LD, q_src, ld, tile * Br, Br, S);
@@ -71,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   };
   load_rows_async<T, D>(sK, LD, q_src + H, ld, key0, Bc, S);
   load_rows_async<T, D>(sV, LD, q_src + 2 * H, ld, key0, Bc, S);
-  load_queries(0);
+  load_queries(walk.lo);
 
   const int key_a = key0 + warp * 16 + g, key_b = key_a + 8;  // this lane's two keys
   const int32_t* mask_row = a.mask + seq_row0;
@@ -80,10 +83,10 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   const int keep_word = key_a >> 5, keep_bit = key_a & 31;  // key_b's bit is 8 higher, in the same word
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
 
-  for (int tile = 0; tile < q_tiles; ++tile) {
+  for (int tile = walk.lo; tile < walk.hi; ++tile) {
     cp_async_wait_all();
     __syncthreads();  // the tile is in; every warp is done with the previous tile's buffers and dS
-    if (tile + 1 < q_tiles) load_queries(tile + 1);
+    if (tile + 1 < walk.hi) load_queries(tile + 1);
     const T* q_s = sQ + (tile & 1) * Br * LD;
     const T* o_s = sO + (tile & 1) * Br * LD;
     const float2* stats = sStats + (tile & 1) * Br;
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
     }
 
     // s becomes P'^T (for dV), dp becomes dS^T (for dK, and through shared memory for dQ).
+    const bool edge = crosses_window(a.window, key0, key0 + Bc - 1, tile * Br, tile * Br + Br - 1);
 #pragma unroll
     for (int nt = 0; nt < Br / 8; ++nt) {
       const int qc = nt * 8 + 2 * t;
@@ -120,7 +124,8 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
         w0 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q) + keep_word) >> keep_bit;
         w1 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q + 1) + keep_word) >> keep_bit;
       }
-      backward_tile(s[nt], dp[nt], kind_a, kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale);
+      backward_tile(s[nt], dp[nt], kind_a, kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale,
+                    edge ? outside_bits(a.window, key_a, tile * Br + qc) : 0u);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g) * LDS + qc) = pack<T>(dp[nt][0], dp[nt][1]);
       *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g + 8) * LDS + qc) = pack<T>(dp[nt][2], dp[nt][3]);
     }

@@ -3,6 +3,8 @@
 // walks the key tiles up to the sequence's last attended key, K and V double-buffered in
 // shared memory through cp.async. Each warp keeps its rows' running max and sum (online
 // softmax, F32) and its output tile in registers; P is rounded to the half type for P V.
+// With a window, only the key tiles that hold a key within it of one of the CTA's rows are
+// walked, and the tiles that cross its edge set the scores outside it to -inf.
 #include "cuda/check.h"
 #include "cuda/flash_kernels.h"
 
@@ -46,7 +48,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
   const T* k_src = q_src + H;
   const T* v_src = q_src + 2 * H;
   const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
-  const int tiles = ((packed ? len : a.key_lengths[b]) + Bc - 1) / Bc;
+  const int tiles = ((packed ? len : weighted_keys(a.key_lengths, b, S, a.window)) + Bc - 1) / Bc;
+  const BlockRange walk = window_blocks(a.window, q0, min(q0 + Br, len) - 1, Bc, tiles);
   const bool dropping = a.drop.p > 0.0f;
 
   const auto load_keys = [&](int tile) {
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
       sBias[buf * Bc + threadIdx.x] = packed ? (key < len ? 0.0f : -INFINITY) : key_bias(mask_row, key, S);
   };
   load_rows_async<T, D>(sQ, LD, q_src, ld, q0, Br, len);
-  load_keys(0);
+  load_keys(walk.lo);
 
   uint32_t qf[M][D / 16][4];
   float o[M][D / 8][4] = {};
@@ -67,17 +70,17 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
 #pragma unroll
   for (int m = 0; m < M; ++m) row_max[m][0] = row_max[m][1] = -INFINITY;
 
-  for (int tile = 0; tile < tiles; ++tile) {
+  for (int tile = walk.lo; tile < walk.hi; ++tile) {
     cp_async_wait_all();
     __syncthreads();  // the tile is in; every warp is done with the buffer loaded next
-    if (tile == 0) {
+    if (tile == walk.lo) {
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
           ldmatrix_x4(qf[m][kk], sQ + (warp_row0 + m * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
     }
-    if (tile + 1 < tiles) load_keys(tile + 1);
+    if (tile + 1 < walk.hi) load_keys(tile + 1);
     const T* k_s = sK + (tile & 1) * Bc * LD;
     const T* v_s = sV + (tile & 1) * Bc * LD;
     const float* bias = sBias + (tile & 1) * Bc;
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
         }
       }
 
+    const bool edge = crosses_window(a.window, q0, q0 + Br - 1, tile * Bc, tile * Bc + Bc - 1);
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       float tile_max[2] = {row_max[m][0], row_max[m][1]};
@@ -103,25 +107,26 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
       for (int nt = 0; nt < Bc / 8; ++nt) {
         const float2 kb = *reinterpret_cast<const float2*>(bias + nt * 8 + 2 * t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[m][nt][e] = fmaf(s[m][nt][e], a.scale_log2, e & 1 ? kb.y : kb.x);
-          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[m][nt][e]);
-        }
+        for (int e = 0; e < 4; ++e) s[m][nt][e] = fmaf(s[m][nt][e], a.scale_log2, e & 1 ? kb.y : kb.x);
+        if (edge) window_tile(s[m][nt], a.window, q0 + warp_row0 + m * 16 + g, tile * Bc + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[m][nt][e]);
       }
       float rescale[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        rescale[r] = exp2_approx(row_max[m][r] - tile_max[r]);  // 0 on the first tile (-inf)
+        rescale[r] = exp2_approx(row_max[m][r] - finite_max(tile_max[r]));  // 0 on the first tile (-inf)
         row_max[m][r] = tile_max[r];
         row_sum[m][r] *= rescale[r];
       }
+      const float sub[2] = {finite_max(row_max[m][0]), finite_max(row_max[m][1])};
 #pragma unroll
       for (int nt = 0; nt < Bc / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[m][nt][e] = exp2_approx(s[m][nt][e] - row_max[m][e >> 1]);
+          s[m][nt][e] = exp2_approx(s[m][nt][e] - sub[e >> 1]);
           row_sum[m][e >> 1] += s[m][nt][e];
         }
 #pragma unroll

@@ -11,7 +11,9 @@
 // and adds dQ_part to the F32 accumulator with vector reductions. Dropout reads the keep
 // bits drawn beforehand (keep_bits_kernel) through the query stages. Padded queries are
 // computed (P = 0 past the sequence); key tiles past the sequence's last attended key only
-// write their zero gradients. Same arguments and results as flash_backward.cu.
+// write their zero gradients. With a window, producer and consumers walk only the query
+// blocks within it of the tile's keys, and the blocks that cross its edge give the
+// elements outside it no weight. Same arguments and results as flash_backward.cu.
 #include <algorithm>
 
 #include "cuda/check.h"
@@ -96,7 +98,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int bh = tile / key_tiles, key0 = tile % key_tiles * kKeys, b = bh / a.heads, h = bh % a.heads;
-      if (key0 >= a.key_lengths[b]) continue;
+      if (key0 >= weighted_keys(a.key_lengths, b, S, a.window)) continue;
+      const BlockRange walk = window_blocks(a.window, key0, min(key0 + kKeys, S) - 1, kQueries, q_blocks);
       const int row0 = b * S;
       const int buf = kv_iter & 1;
       mbar_wait(kv_empty + buf, ((kv_iter++ >> 1) & 1) ^ 1);
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
                       kv_full + buf);
         }
       }
-      for (int qb = 0; qb < q_blocks; ++qb, ++q_iter) {
+      for (int qb = walk.lo; qb < walk.hi; ++qb, ++q_iter) {
         const int stage = q_iter % kStages;
         mbar_wait(q_empty + stage, ((q_iter / kStages) & 1) ^ 1);
         for (int i = lane; i < kQueries; i += 32) {
@@ -145,7 +148,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     T* dk_dst = static_cast<T*>(a.dqkv) + seq_row0 * 3 * H + H + h * kD + 2 * t;
     T* dv_dst = dk_dst + H;
 
-    if (key0 >= a.key_lengths[b]) {  // no query attends to these keys: dK = dV = 0
+    if (key0 >= weighted_keys(a.key_lengths, b, S, a.window)) {  // no query attends to these keys: dK = dV = 0
 #pragma unroll
       for (int dt = 0; dt < kD / 8; ++dt) {
         if (key_a < S) {
@@ -171,7 +174,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 #pragma unroll
     for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
 
-    for (int qb = 0; qb < q_blocks; ++qb, ++q_iter) {
+    const BlockRange walk = window_blocks(a.window, key0, min(key0 + kKeys, S) - 1, kQueries, q_blocks);
+    for (int qb = walk.lo; qb < walk.hi; ++qb, ++q_iter) {
       const int stage = q_iter % kStages;
       mbar_wait(q_full + stage, (q_iter / kStages) & 1);
       const unsigned char* q_s = sQ + stage * kBox;
@@ -205,6 +209,9 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       fence_registers(dp);
 
       // s becomes P'^T (for dV), dp becomes dS^T (for dK, and through shared memory for dQ).
+      // This warp's 16 keys against the block's queries (the test per element is per warp).
+      const bool edge = crosses_window(a.window, key0 + row_in_tile, key0 + row_in_tile + 15, qb * kQueries,
+                                       qb * kQueries + kQueries - 1);
 #pragma unroll
       for (int nt = 0; nt < kQueries / 8; ++nt) {
         const int qc = nt * 8 + 2 * t;
@@ -213,7 +220,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         uint32_t w0 = 0, w1 = 0;
         if (dropping) w0 = bits[qc * 4 + bit_word] >> bit_a, w1 = bits[(qc + 1) * 4 + bit_word] >> bit_a;
         backward_tile(*reinterpret_cast<float(*)[4]>(s + 4 * nt), *reinterpret_cast<float(*)[4]>(dp + 4 * nt), kind_a,
-                      kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale);
+                      kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale,
+                      edge ? outside_bits(a.window, key_a, qb * kQueries + qc) : 0u);
         const int r = wq * 16 + g;  // dS^T rows are keys, 128-byte swizzled, 2 queries a word
         *reinterpret_cast<uint32_t*>(ds_s + swizzled(r, nt) + 4 * t) = pack<T>(dp[4 * nt], dp[4 * nt + 1]);
         *reinterpret_cast<uint32_t*>(ds_s + swizzled(r + 8, nt) + 4 * t) = pack<T>(dp[4 * nt + 2], dp[4 * nt + 3]);

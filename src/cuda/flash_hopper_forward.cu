@@ -7,8 +7,10 @@
 // owns 64 query rows: it keeps its Q fragments in registers and per key block issues
 // S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
 // memory), with the online softmax between them in registers. Dropout reads its keep bits,
-// drawn beforehand (keep_bits_kernel), through the same stages. Same arguments and results
-// as flash_forward.cu (ForwardArgs), so the two are interchangeable.
+// drawn beforehand (keep_bits_kernel), through the same stages. With a window, producer and
+// consumers walk only the key blocks within it of the tile's rows, and the blocks that
+// cross its edge set the scores outside it to -inf. Same arguments and results as
+// flash_forward.cu (ForwardArgs), so the two are interchangeable.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -21,8 +23,8 @@ namespace hone::cuda::flash {
 
 namespace {
 
-// Where sequence b's rows are. Padded: rows b S .. b S + S - 1, keys up to key_lengths[b].
-// Packed: rows row_start[b] .. row_start[b + 1] - 1, every one a key.
+// Where sequence b's rows are. Padded: rows b S .. b S + S - 1, keys up to
+// weighted_keys(). Packed: rows row_start[b] .. row_start[b + 1] - 1, every one a key.
 struct Rows {
   int64_t first;
   int len, keys;
@@ -32,7 +34,7 @@ __device__ __forceinline__ Rows sequence_rows(const ForwardArgs& a, int b) {
     const int first = a.row_start[b], len = a.row_start[b + 1] - first;
     return {first, len, len};
   }
-  return {int64_t(b) * a.seq, a.seq, a.key_lengths[b]};
+  return {int64_t(b) * a.seq, a.seq, weighted_keys(a.key_lengths, b, a.seq, a.window)};
 }
 
 using namespace hopper;
@@ -45,6 +47,13 @@ constexpr int kStages = 3;                          // key blocks in flight
 constexpr int kHopperThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
 constexpr int kTileBytes = kKeys * kD * 2;          // one swizzled [128][64] half tile
 static_assert(kRows == kKeys, "Q and the key blocks share one TMA box");
+
+// The key blocks that query tile qt of a sequence weighs (window_blocks); the producer and
+// the consumers walk the same ones.
+__device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const Rows& rows, int qt) {
+  const int first = qt * kRows, last = min(first + kRows, rows.len) - 1;
+  return window_blocks(a.window, first, last, kKeys, (rows.keys + kKeys - 1) / kKeys);
+}
 
 struct Smem {
   // [kRows][64] Q, then per stage [kKeys][64] K and V, all 1024-byte aligned.
@@ -102,7 +111,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
       const Rows rows = sequence_rows(a, b);
       if (qt * kRows >= rows.len) continue;  // past a packed sequence's end (the consumers skip it too)
-      const int blocks = (rows.keys + kKeys - 1) / kKeys;
+      const BlockRange walk = key_walk(a, rows, qt);
       const int row0 = int(rows.first);
       const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
       mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
@@ -110,7 +119,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         mbar_arrive_expect_tx(q_full, kTileBytes);
         tma_load_2d(sQ, &qkv_map, h * kD, row0 + qt * kRows, q_full);
       }
-      for (int kb = 0; kb < blocks; ++kb, ++kv_iter) {
+      for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
         const int stage = kv_iter % kStages;
         mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
         for (int i = lane; i < kKeys; i += 32) {
@@ -140,9 +149,10 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
     const Rows rows = sequence_rows(a, b);
     if (qt * kRows >= rows.len) continue;
-    const int blocks = (rows.keys + kKeys - 1) / kKeys;
+    const BlockRange walk = key_walk(a, rows, qt);
     const int row_in_tile = wg * 64 + wq * 16;
-    const int q_row0 = qt * kRows + row_in_tile + g;  // this lane's rows: q_row0 and q_row0 + 8
+    const int warp_row0 = qt * kRows + row_in_tile;
+    const int q_row0 = warp_row0 + g;  // this lane's rows: q_row0 and q_row0 + 8
 
     mbar_wait(q_full, q_iter++ & 1);
     uint32_t qf[kD / 16][4];
@@ -159,7 +169,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     for (int i = 0; i < 32; ++i) o[i] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's columns
 
-    for (int kb = 0; kb < blocks; ++kb, ++kv_iter) {
+    for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
       const int stage = kv_iter % kStages;
       mbar_wait(kv_full + stage, (kv_iter / kStages) & 1);
       const unsigned char* k_s = sK + stage * kTileBytes;
@@ -174,29 +184,31 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       wgmma_wait<0>();
       fence_registers(s);
 
+      // This warp's 16 rows against the block's keys (the test per element is per warp).
+      const bool edge = crosses_window(a.window, warp_row0, warp_row0 + 15, kb * kKeys, kb * kKeys + kKeys - 1);
       float tile_max[2] = {row_max[0], row_max[1]};
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt) {
         const float2 kbias = *reinterpret_cast<const float2*>(bias + nt * 8 + 2 * t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& x = s[4 * nt + e];
-          x = fmaf(x, a.scale_log2, e & 1 ? kbias.y : kbias.x);
-          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-        }
+        for (int e = 0; e < 4; ++e) s[4 * nt + e] = fmaf(s[4 * nt + e], a.scale_log2, e & 1 ? kbias.y : kbias.x);
+        if (edge) window_tile(s + 4 * nt, a.window, q_row0, kb * kKeys + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[4 * nt + e]);
       }
       float rescale[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        rescale[r] = exp2_approx(row_max[r] - tile_max[r]);  // 0 on the first block (-inf)
+        rescale[r] = exp2_approx(row_max[r] - finite_max(tile_max[r]));  // 0 on the first block (-inf)
         row_max[r] = tile_max[r];
         row_sum[r] *= rescale[r];
       }
+      const float sub[2] = {finite_max(row_max[0]), finite_max(row_max[1])};
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        s[i] = exp2_approx(s[i] - row_max[(i >> 1) & 1]);
+        s[i] = exp2_approx(s[i] - sub[(i >> 1) & 1]);
         row_sum[(i >> 1) & 1] += s[i];
       }
 #pragma unroll

@@ -39,6 +39,7 @@ struct ForwardArgs {
   // row_start[b + 1] - 1 of qkv and ctx and attends to all of itself; S is the longest.
   // mask, key_lengths and stats are then not read, and there is no dropout.
   const int32_t* row_start = nullptr;
+  int window = -1;  // AttentionDims::window; packed, positions count from each sequence's start
 };
 
 struct BackwardArgs {
@@ -56,6 +57,7 @@ struct BackwardArgs {
   float keep_scale;
   const uint32_t* keep_bits;  // the forward's, when p > 0
   int keep_words;
+  int window = -1;  // AttentionDims::window
 };
 
 // Host launchers, instantiated for T in {__nv_bfloat16, __half} and D in {16, 32, 64, 128}.
@@ -141,6 +143,42 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// ---------------------------------------------------------------- sliding window
+
+// Keys at or past this one get no weight in any query row of sequence b, so the kernels
+// stop there: key_lengths[b], one past the last attended key. Not with a window: a query
+// whose window holds only padded keys weighs those (uniformly, as on the CPU), wherever
+// they lie.
+__device__ __forceinline__ int weighted_keys(const int32_t* key_lengths, int b, int seq, int window) {
+  return window >= 0 ? seq : key_lengths[b];
+}
+
+// Blocks [lo, hi) of `block` positions, of `blocks`, that hold a position within `window`
+// of one of rows [first, last] (every block without a window): the key blocks a query
+// tile weighs (forward), or the query blocks that weigh a key tile (backward). Whole
+// blocks outside the band are skipped: with w = 64 at S = 8192, about 3 blocks of 128 per
+// tile remain instead of 64.
+struct BlockRange {
+  int lo, hi;
+};
+__device__ __forceinline__ BlockRange window_blocks(int window, int first, int last, int block, int blocks) {
+  if (window < 0) return {0, blocks};
+  const int64_t end = int64_t(last) + window;  // the last position within the window of a row
+  return {max(first - window, 0) / block, end >= int64_t(blocks) * block ? blocks : int(end / block) + 1};
+}
+
+// Whether a tile of rows [r0, r1] by columns [c0, c1] (queries by keys, or keys by
+// queries) holds an element outside the window, so that its elements need the test.
+__device__ __forceinline__ bool crosses_window(int window, int r0, int r1, int c0, int c1) {
+  return window >= 0 && (int64_t(c1) - r0 > window || int64_t(r1) - c0 > window);
+}
+
+// The maximum a row's exponentials subtract in the online softmax: 0 while the row has no
+// weighted key yet (max -inf: each key so far outside its window), so that they and the
+// rescale come out 0 rather than NaN. Without a window every block holds a key of finite
+// score, so the max is never -inf and this changes nothing.
+__device__ __forceinline__ float finite_max(float m) { return m == -INFINITY ? 0.0f : m; }
+
 // ---------------------------------------------------------------- scores and dropout
 
 // What a key is to the softmax: live (1), masked (0: the score becomes -FLT_MAX, as on the
@@ -177,14 +215,32 @@ __device__ __forceinline__ void backward_element(float& s, float& dp, int kind, 
 // kind_a, kind_b) by queries q and q + 1, elements (a, q), (a, q + 1), (a + 8, q),
 // (a + 8, q + 1). st holds the two queries' {max, 1 / sum}, dot their D; with dropout,
 // bit 0 of keep_q0 / keep_q1 is key a's keep bit for query q / q + 1, bit 8 key a + 8's.
+// Bit e of `outside` marks element e outside the window: it is then a key past the
+// sequence (no weight).
 __device__ __forceinline__ void backward_tile(float (&s)[4], float (&dp)[4], int kind_a, int kind_b, float scale_log2,
                                               float4 st, float2 dot, bool dropping, uint32_t keep_q0,
-                                              uint32_t keep_q1, float keep_scale) {
+                                              uint32_t keep_q1, float keep_scale, uint32_t outside) {
   const uint32_t keep[4] = {keep_q0, keep_q1, keep_q0 >> 8, keep_q1 >> 8};
 #pragma unroll
   for (int e = 0; e < 4; ++e)
-    backward_element(s[e], dp[e], e < 2 ? kind_a : kind_b, scale_log2, e & 1 ? st.z : st.x, e & 1 ? st.w : st.y,
-                     e & 1 ? dot.y : dot.x, !dropping || (keep[e] & 1u), keep_scale);
+    backward_element(s[e], dp[e], (outside >> e) & 1u ? -1 : e < 2 ? kind_a : kind_b, scale_log2,
+                     e & 1 ? st.z : st.x, e & 1 ? st.w : st.y, e & 1 ? dot.y : dot.x, !dropping || (keep[e] & 1u),
+                     keep_scale);
+}
+
+// The `outside` bits of backward_tile for keys key_a, key_a + 8 by queries q, q + 1.
+__device__ __forceinline__ uint32_t outside_bits(int window, int key_a, int q) {
+  return uint32_t(outside_window(window, q, key_a)) | uint32_t(outside_window(window, q + 1, key_a)) << 1 |
+         uint32_t(outside_window(window, q, key_a + 8)) << 2 | uint32_t(outside_window(window, q + 1, key_a + 8)) << 3;
+}
+
+// Adds the window to the scores of one forward accumulator tile in base-2 units: rows row0
+// and row0 + 8 by keys key and key + 1, elements (row0, key), (row0, key + 1), (row0 + 8,
+// key), (row0 + 8, key + 1); those outside the window become -inf.
+__device__ __forceinline__ void window_tile(float* s, int window, int row0, int key) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (outside_window(window, row0 + (e >> 1) * 8, key + (e & 1))) s[e] = -INFINITY;
 }
 
 // Word key0 / 32 of one query row's dropout keep bits: bit k is attention_keep of element

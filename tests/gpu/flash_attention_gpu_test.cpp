@@ -4,9 +4,12 @@
 // holes, odd lengths, rows whose every key is masked, and dropout, whose masks must be the
 // CPU's element for element (another mask would move outputs by tens of percent). Each
 // case runs on both of hone's kernel sets: the default (Hopper's wgmma/TMA kernels for head
-// size 64 on a 9.0 GPU) and HONE_ATTENTION=flash2 (the mma.sync ones everywhere). Then the
-// time of forward and backward at BERT-large's shape against cuDNN's fused attention and
-// a dense cuBLASLt product, printed only.
+// size 64 on a 9.0 GPU) and HONE_ATTENTION=flash2 (the mma.sync ones everywhere). Sliding
+// windows (ModernBERT's local attention) in the padded and the packed forward, and under
+// HONE_ATTENTION=cudnn, which hands windowed calls to hone's kernels. Then the time of
+// forward and backward at BERT-large's shape against cuDNN's fused attention and a dense
+// cuBLASLt product, printed only, and a windowed 8192-token sequence against full
+// attention, which it must beat by far.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -50,7 +53,12 @@ double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : 3e-3; }
 struct Case {
   int batch, seq, heads, head_dim;
   std::vector<std::vector<int32_t>> masks;  // one row of seq per sequence
-  AttentionDims dims() const { return {batch, seq, heads, head_dim, 1.0f / std::sqrt(float(head_dim))}; }
+  int window = -1;
+  AttentionDims dims() const {
+    AttentionDims d{batch, seq, heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
+    d.window = window;
+    return d;
+  }
   int64_t tokens() const { return int64_t(batch) * seq; }
   int64_t hidden() const { return int64_t(heads) * head_dim; }
 };
@@ -179,6 +187,7 @@ void check_case(Backend& gpu, DType t, const Case& c, const DropoutSpec& drop, c
     const uint64_t stream = dropout_stream(cpu_drop);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < 32 * words; ++j) {
+        if (outside_window(c.window, int(r % c.seq), int(j))) continue;  // only the window's bits are defined
         const bool bit = (uint32_t(got.keep[size_t(r * words + j / 32)]) >> (j % 32)) & 1u;
         const bool want_bit = j < c.seq && attention_keep(drop.seed, stream, uint64_t(r) * c.seq + uint64_t(j), drop.p);
         ASSERT_EQ(bit, want_bit) << "row " << r << " key " << j;
@@ -189,12 +198,22 @@ void check_case(Backend& gpu, DType t, const Case& c, const DropoutSpec& drop, c
   expect_close("dQ", got.dqkv, want.dqkv, 3 * H, 0, H, tol);
   expect_close("dK", got.dqkv, want.dqkv, 3 * H, H, 2 * H, tol);
   expect_close("dV", got.dqkv, want.dqkv, 3 * H, 2 * H, 3 * H, tol);
-  // A masked key gets probability 0 in every row that attends to anything: dK = dV = 0 exactly.
+  // A masked key gets probability 0 in every row that attends to anything within its
+  // window: if every query whose window holds the key does, dK = dV = 0 exactly.
   for (int b = 0; b < c.batch; ++b) {
     const auto& m = c.masks[size_t(b)];
-    if (std::find(m.begin(), m.end(), 1) == m.end()) continue;
+    const auto sees_a_live_key = [&](int i) {
+      for (int j = 0; j < c.seq; ++j)
+        if (m[size_t(j)] != 0 && !outside_window(c.window, i, j)) return true;
+      return false;
+    };
+    std::vector<bool> live_row(size_t(c.seq));
+    for (int i = 0; i < c.seq; ++i) live_row[size_t(i)] = sees_a_live_key(i);
     for (int j = 0; j < c.seq; ++j) {
       if (m[size_t(j)] != 0) continue;
+      bool weighed = false;  // by a query that sees only masked keys
+      for (int i = 0; i < c.seq; ++i) weighed = weighed || (!outside_window(c.window, i, j) && !live_row[size_t(i)]);
+      if (weighed) continue;
       for (int64_t k = H; k < 3 * H; ++k)
         ASSERT_EQ(got.dqkv[size_t((int64_t(b) * c.seq + j) * 3 * H + k)], 0.0f)
             << "masked key " << j << " of sequence " << b << ", column " << k;
@@ -294,6 +313,82 @@ TEST_F(FlashAttention, DroppingWithoutTheMaskBitsIsAnError) {
   gpu().synchronize();
 }
 
+// Sliding windows (ModernBERT's local layers: query i weighs key j iff |i - j| <= w): 0, 3,
+// 64 and one as long as the sequence (full attention), at lengths that end inside the
+// tiles (77, 200, 513), with holes and right padding (whose last queries see only padded
+// keys at small windows: uniform over them), with and without dropout, every head size,
+// both kernel sets.
+TEST_F(FlashAttention, SlidingWindowMatchesCpuReference) {
+  for (int head_dim : {16, 32, 64, 128})
+    for (int S : {77, 200, 513})
+      for (int window : {0, 3, 64, S}) {
+        Case c{2, S, 2, head_dim, {with_holes(S, S + head_dim), right_padded(S, S - 40)}};
+        c.window = window;
+        const std::string name = fmt::format(": window {}", window);
+        for_each_kernel_set([&](const std::string& k) {
+          for (DType t : {DType::BF16, DType::F16}) {
+            check_case(gpu(), t, c, {}, k + name);
+            check_case(gpu(), t, c, {0.3f, 4321, 6}, k + name + ", dropout");
+          }
+        });
+      }
+}
+
+#ifdef HONE_HAVE_CUDNN
+// cuDNN's graph has no band mask: under HONE_ATTENTION=cudnn a windowed call runs hone's
+// kernels (their dropout masks, kept for backward), and must still match the CPU.
+TEST_F(FlashAttention, SlidingWindowUnderCudnnRunsHonesKernels) {
+  setenv("HONE_ATTENTION", "cudnn", 1);
+  auto cudnn = make_cuda_backend({});
+  unsetenv("HONE_ATTENTION");
+  for (int S : {77, 513}) {
+    Case c{2, S, 2, 64, {right_padded(S, S), right_padded(S, S - 40)}, 3};
+    EXPECT_GT(ops::attention_keep_words(*cudnn, c.dims(), DType::BF16, {0.1f, 1, 2}), 0);
+    for (DType t : {DType::BF16, DType::F16}) {
+      check_case(*cudnn, t, c, {}, "cudnn: window 3");
+      check_case(*cudnn, t, c, {0.3f, 4321, 6}, "cudnn: window 3, dropout");
+    }
+  }
+}
+#endif
+
+// The packed (varlen inference) forward with a window counts positions from each
+// sequence's start: against the CPU's packed forward, with lengths that end inside and at
+// the edges of the tiles, and a sequence of one token.
+TEST_F(FlashAttention, PackedSlidingWindowMatchesCpuReference) {
+  const std::vector<int32_t> lengths = {77, 1, 200, 128, 513, 64};
+  const int B = int(lengths.size()), S = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<int32_t> row_start = {0};
+  for (int32_t n : lengths) row_start.push_back(row_start.back() + n);
+  const int64_t T = row_start.back();
+  CpuBackend cpu;
+  for (int head_dim : {16, 32, 64, 128})
+    for (int window : {-1, 0, 3, 64, S}) {
+      AttentionDims d{B, S, 2, head_dim, 1.0f / std::sqrt(float(head_dim))};
+      d.window = window;
+      const int64_t H = d.hidden();
+      for_each_kernel_set([&](const std::string& k) {
+        for (DType t : {DType::BF16, DType::F16}) {
+          SCOPED_TRACE(fmt::format("{} {} head_dim={} window={}", k, label(t), head_dim, window));
+          std::vector<float> qkv = uniform(T * 3 * H, 31 + head_dim, -2.0f, 2.0f);
+          round_all(qkv, t);
+          HostTensor q(DType::F32, Shape{T, 3 * H}), rs(DType::I32, Shape{B + 1}), want(DType::F32, Shape{T, H}),
+              cpu_work(DType::F32, Shape{cpu.attention_workspace_elems(d, DType::F32)});
+          std::copy(qkv.begin(), qkv.end(), q.f());
+          std::copy(row_start.begin(), row_start.end(), rs.i());
+          ops::attention_forward_packed(cpu, q.t, rs.t, d, want.t, cpu_work.t);
+          DeviceTensor gq(gpu(), t, Shape{T, 3 * H}), grs(gpu(), DType::I32, Shape{B + 1}), ctx(gpu(), t, Shape{T, H}),
+              work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, t)});
+          gq.upload(qkv);
+          grs.upload_bytes(row_start.data());
+          ops::attention_forward_packed(gpu(), gq.t, grs.t, d, ctx.t, work.t);
+          gpu().synchronize();
+          expect_close("ctx", ctx.download(), std::vector<float>(want.f(), want.f() + T * H), H, 0, H, tolerance(t));
+        }
+      });
+    }
+}
+
 // BERT-large's attention, B = 32, S = 512, 16 heads of 64, bf16: forward and backward in
 // TFLOP/s (4 B heads S^2 d for forward, 2.5 times that for backward), ours against cuDNN's,
 // and a dense bf16 product for the scale. Printed, never asserted.
@@ -347,6 +442,50 @@ TEST_F(FlashAttention, BertLargeSpeed) {
   const double ms = time_ms(gpu(), [&] { gpu().linear_forward(x.t, w.t, nullptr, y.t); });
   std::printf("  dense bf16 product %lldx%lldx%lld: %.3f ms (%.0f TFLOP/s)\n", (long long)N, (long long)N,
               (long long)N, ms, 2.0 * N * N * N / ms / 1e9);
+}
+
+// One 8192-token sequence, 16 heads of 64, bf16, window 64 (ModernBERT's local layers):
+// the kernels skip the blocks outside the band, so forward and backward must take a small
+// part of full attention's time ((2w + 1) / S = 1.6% of the pairs; the blocks around the
+// band and the passes over every row leave more, but far less than a third). Times printed.
+TEST_F(FlashAttention, WindowedLongSequenceSkipsTheBlocksOutsideTheBand) {
+  AttentionDims d{1, 8192, 16, 64, 0.125f};
+  const int64_t T = d.seq, H = d.hidden();
+  DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{1, d.seq}),
+      g(gpu(), DType::BF16, Shape{T, H}), stats(gpu(), DType::F32, Shape{1, d.heads, d.seq, 2}),
+      ctx(gpu(), DType::BF16, Shape{T, H}), dqkv(gpu(), DType::BF16, Shape{T, 3 * H}),
+      work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
+      keep(gpu(), DType::I32, Shape{1, d.heads, d.seq, std::max(gpu().attention_keep_words(d, DType::BF16), 1)});
+  q.upload(uniform(T * 3 * H, 1, -1.0f, 1.0f));
+  g.upload(uniform(T * H, 2, -1.0f, 1.0f));
+  const std::vector<int32_t> ones(size_t(T), 1);
+  m.upload_bytes(ones.data());
+  const auto time_ms = [&](const std::function<void()>& f) {
+    f();
+    gpu().synchronize();
+    constexpr int kReps = 10;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) f();
+    gpu().synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+  };
+  for_each_kernel_set([&](const std::string& k) {
+    for (float p : {0.0f, 0.1f}) {
+      const DropoutSpec drop{p, 42, 1};
+      double forward[2], backward[2];
+      for (int windowed = 0; windowed < 2; ++windowed) {
+        d.window = windowed ? 64 : -1;
+        forward[windowed] = time_ms([&] { gpu().attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t); });
+        backward[windowed] = time_ms([&] {
+          gpu().attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
+        });
+      }
+      std::printf("  %-6s p=%.1f S=8192: forward %.3f ms, window 64 %.3f ms; backward %.3f ms, window 64 %.3f ms\n",
+                  k.c_str(), p, forward[0], forward[1], backward[0], backward[1]);
+      EXPECT_LT(forward[1], forward[0] / 3) << k << " p=" << p;
+      EXPECT_LT(backward[1], backward[0] / 3) << k << " p=" << p;
+    }
+  });
 }
 
 }  // namespace

@@ -213,6 +213,39 @@ TEST_F(GpuOps, AttentionMatchesCpuWithPaddingAndDropout) {
   }
 }
 
+// Sliding windows in F32 (the row kernels mask the scores outside the band): 0, 3, 64 and
+// one as long as the sequence, at lengths that are no multiple of the row kernels' vector
+// width, with right padding whose last queries see only padded keys, with and without
+// dropout.
+TEST_F(GpuOps, WindowedAttentionMatchesCpu) {
+  Backend& g = gpu();
+  for (auto [S, valid] : {std::pair<int, int>{77, 50}, {200, 130}})
+    for (int window : {0, 3, 64, S}) {
+      AttentionDims d{2, S, 2, 32, 1.0f / std::sqrt(32.0f)};
+      d.window = window;
+      const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+      HostTensor mask_host(DType::I32, {d.batch, d.seq});
+      for (int j = 0; j < d.seq; ++j) mask_host.i()[j] = 1, mask_host.i()[d.seq + j] = j < valid;
+      for (float p : {0.0f, 0.1f}) {
+        const DropoutSpec drop{p, 99, 3};
+        Both qkv(g, random({T, 3 * H}, 21)), mask(g, clone(mask_host)), dctx(g, random({T, H}, 22));
+        Both stats(g, nans({d.batch, d.heads, d.seq, 2})), ctx(g, nans({T, H})), dqkv(g, nans({T, 3 * H}));
+        HostTensor cpu_work(DType::F32, {cpu.attention_workspace_elems(d, DType::F32)});
+        DeviceTensor work(g, nans({g.attention_workspace_elems(d, DType::F32)}));
+        Tensor keep;
+        for (auto [be, s] : sides()) {
+          Tensor& ws = s == kCpu ? cpu_work.t : work.t;
+          ops::attention_forward(*be, qkv[s], mask[s], d, drop, stats[s], keep, ctx[s], ws);
+          ops::attention_backward(*be, dctx[s], qkv[s], ctx[s], mask[s], stats[s], keep, d, drop, dqkv[s], ws);
+        }
+        const std::string at = fmt::format(" S={} window={} p={}", S, window, p);
+        expect_close("stats" + at, stats, kFp32Tol);
+        expect_close("ctx" + at, ctx, kFp32Tol);
+        expect_close("dqkv" + at, dqkv, kFp32Tol);
+      }
+    }
+}
+
 // ---------------------------------------------------------------------------- layernorm
 
 TEST_F(GpuOps, LayerNormMatchesCpuAndAccumulatesParameterGrads) {
