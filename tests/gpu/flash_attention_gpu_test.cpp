@@ -444,49 +444,5 @@ TEST_F(FlashAttention, BertLargeSpeed) {
               (long long)N, ms, 2.0 * N * N * N / ms / 1e9);
 }
 
-// One 8192-token sequence, 16 heads of 64, bf16, window 64 (ModernBERT's local layers):
-// the kernels skip the blocks outside the band, so forward and backward must take a small
-// part of full attention's time ((2w + 1) / S = 1.6% of the pairs; the blocks around the
-// band and the passes over every row leave more, but far less than a third). Times printed.
-TEST_F(FlashAttention, WindowedLongSequenceSkipsTheBlocksOutsideTheBand) {
-  AttentionDims d{1, 8192, 16, 64, 0.125f};
-  const int64_t T = d.seq, H = d.hidden();
-  DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{1, d.seq}),
-      g(gpu(), DType::BF16, Shape{T, H}), stats(gpu(), DType::F32, Shape{1, d.heads, d.seq, 2}),
-      ctx(gpu(), DType::BF16, Shape{T, H}), dqkv(gpu(), DType::BF16, Shape{T, 3 * H}),
-      work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
-      keep(gpu(), DType::I32, Shape{1, d.heads, d.seq, std::max(gpu().attention_keep_words(d, DType::BF16), 1)});
-  q.upload(uniform(T * 3 * H, 1, -1.0f, 1.0f));
-  g.upload(uniform(T * H, 2, -1.0f, 1.0f));
-  const std::vector<int32_t> ones(size_t(T), 1);
-  m.upload_bytes(ones.data());
-  const auto time_ms = [&](const std::function<void()>& f) {
-    f();
-    gpu().synchronize();
-    constexpr int kReps = 10;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < kReps; ++r) f();
-    gpu().synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  };
-  for_each_kernel_set([&](const std::string& k) {
-    for (float p : {0.0f, 0.1f}) {
-      const DropoutSpec drop{p, 42, 1};
-      double forward[2], backward[2];
-      for (int windowed = 0; windowed < 2; ++windowed) {
-        d.window = windowed ? 64 : -1;
-        forward[windowed] = time_ms([&] { gpu().attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t); });
-        backward[windowed] = time_ms([&] {
-          gpu().attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
-        });
-      }
-      std::printf("  %-6s p=%.1f S=8192: forward %.3f ms, window 64 %.3f ms; backward %.3f ms, window 64 %.3f ms\n",
-                  k.c_str(), p, forward[0], forward[1], backward[0], backward[1]);
-      EXPECT_LT(forward[1], forward[0] / 3) << k << " p=" << p;
-      EXPECT_LT(backward[1], backward[0] / 3) << k << " p=" << p;
-    }
-  });
-}
-
 }  // namespace
 }  // namespace hone
