@@ -213,6 +213,18 @@ void launch_with_grad(cudaStream_t s, const Tensor& x, Tensor& y, Tensor& dx, F 
   });
 }
 
+// V consecutive elements: one 16-byte access when V > 1 (the caller checked alignment).
+template <int V, typename T>
+__device__ __forceinline__ void load_cols(const T* p, float (&v)[V]) {
+  if constexpr (V == 1) v[0] = cuda::to_float(*p);
+  else cuda::load_floats(p, v);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_cols(T* p, const float (&v)[V]) {
+  if constexpr (V == 1) *p = cuda::from_float<T>(v[0]);
+  else cuda::store_floats(p, v);
+}
+
 // A gated unit over x [rows, 2 half] (input u, then gate v): groups of V columns of one
 // row, V = kVec<T> when every row starts 16-byte aligned, else 1. Forward: y = act(u) v.
 // Backward: dx = (dy v act'(u), dy act(u)); f is a WithGrad-style functor.
@@ -223,8 +235,8 @@ __global__ void gated_kernel(const T* x, const T* dy, T* out, int64_t rows, int6
     const int64_t r = g / groups_per_row, c = (g % groups_per_row) * V;
     const T* xr = x + r * 2 * half;
     float u[V], v[V], d[V];
-    load_group(xr, c, half, V > 1, u);
-    load_group(xr + half, c, half, V > 1, v);
+    load_cols(xr + c, u);
+    load_cols(xr + half + c, v);
     if (!backward) {
       float dummy[V] = {};
 #pragma unroll
@@ -232,19 +244,19 @@ __global__ void gated_kernel(const T* x, const T* dy, T* out, int64_t rows, int6
         f(u[k], dummy[k]);
         u[k] = u[k] * v[k];
       }
-      store_group(out + r * half, c, half, V > 1, u);
+      store_cols(out + r * half + c, u);
       continue;
     }
-    load_group(dy + r * half, c, half, V > 1, d);
+    load_cols(dy + r * half + c, d);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       float du = d[k] * v[k];
-      f(u[k], du);          // u becomes act(u), du becomes dy v act'(u)
-      v[k] = d[k] * u[k];   // the gate's gradient
+      f(u[k], du);         // u becomes act(u), du becomes dy v act'(u)
+      v[k] = d[k] * u[k];  // the gate's gradient
       u[k] = du;
     }
-    store_group(out + r * 2 * half, c, half, V > 1, u);
-    store_group(out + r * 2 * half + half, c, half, V > 1, v);
+    store_cols(out + r * 2 * half + c, u);
+    store_cols(out + r * 2 * half + half + c, v);
   }
 }
 
