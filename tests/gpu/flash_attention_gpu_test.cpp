@@ -195,9 +195,20 @@ void check_case(Backend& gpu, DType t, const Case& c, const DropoutSpec& drop, c
   }
   const double tol = tolerance(t);
   expect_close("ctx", got.ctx, want.ctx, H, 0, H, tol);
-  expect_close("dQ", got.dqkv, want.dqkv, 3 * H, 0, H, tol);
-  expect_close("dK", got.dqkv, want.dqkv, 3 * H, H, 2 * H, tol);
   expect_close("dV", got.dqkv, want.dqkv, 3 * H, 2 * H, 3 * H, tol);
+  if (c.window == 0) {
+    // Each query weighs one key with probability 1, so dS = P (dP - rowsum(dO O)) is 0 in
+    // exact arithmetic and dQ, dK are rounding on both sides: small against dV, not equal.
+    double dv = 0, dqk = 0;
+    for (size_t i = 0; i < got.dqkv.size(); ++i) {
+      const bool value = int64_t(i) % (3 * H) >= 2 * H;
+      (value ? dv : dqk) = std::max(value ? dv : dqk, std::fabs(double(value ? want.dqkv[i] : got.dqkv[i])));
+    }
+    EXPECT_LE(dqk, tol * dv) << "dQ and dK of a one-key window";
+  } else {
+    expect_close("dQ", got.dqkv, want.dqkv, 3 * H, 0, H, tol);
+    expect_close("dK", got.dqkv, want.dqkv, 3 * H, H, 2 * H, tol);
+  }
   // A masked key gets probability 0 in every row that attends to anything within its
   // window: if every query whose window holds the key does, dK = dV = 0 exactly.
   for (int b = 0; b < c.batch; ++b) {
