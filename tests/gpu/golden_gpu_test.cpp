@@ -43,6 +43,15 @@ TEST_P(GoldenGpuTest, Tf32MatchesTransformersLoosely) {
   // step the other way: up to 2 lr a step against weights of a few 0.01 (xlm_roberta_reg's
   // word embeddings: 1.2e-2, while its losses and gradient norms agree to 1e-5).
   test::GoldenTolerances tol{3e-3, 3e-3, 3e-2, 2e-2};
+  if (GetParam() == "modernbert_cls") {
+    // Its fixture scales Wqkv by 8 (so that a rotary error shows), which makes attention
+    // scores 64 times the default init's: TF32's rounding of q.k moves the logits by 4.9e-3
+    // (H100), while loss and gradient norms agree to 3e-4. Its word embeddings start at
+    // 0.02 and near-zero gradients of popular rows step them the other way, as
+    // xlm_roberta_reg's: 4.2e-2 of the largest weight after three steps.
+    tol.logits = 8e-3;
+    tol.steps = 6e-2;
+  }
   test::check_golden_forward_backward(GetParam(), *be, tol);
   test::check_golden_training(GetParam(), *be, tol);
 }
