@@ -328,8 +328,8 @@ class Backend {
   // (P = exp(score - max) * inv, the forward's own arithmetic).
   // keep: I32 [B, heads, S, attention_keep_words(d, dtype)] receives the dropout mask
   // as bits when the backend keeps it for backward (p > 0 and a nonzero word count; with a
-  // window, only the bits of keys within it and the sequence are defined); otherwise it is not read and may
-  // be empty.
+  // window, only the bits of keys within it and the sequence are defined); otherwise it is
+  // not read and may be empty.
   virtual void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                  const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
                                  Tensor& workspace) = 0;
