@@ -337,12 +337,20 @@ TrainingArguments checkpointing_args(TrainingArguments a, bool on, const char* p
 // the checkpointed runs' losses, gradients, clipped norms, weights and inference logits are
 // the plain run's bit for bit, over several updates, with persistent (accumulation) and
 // step-scoped gradients; their live buffers never overlap.
-class GradientCheckpointing : public ::testing::TestWithParam<int> {};
+// ModernBERT's pre-norm layers too (rotary, GeGLU, a local layer, mean pooling).
+class GradientCheckpointing : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
 
 TEST_P(GradientCheckpointing, EqualsThePlainRunBitForBit) {
-  const int accumulation = GetParam();
+  const auto& [accumulation, model_type] = GetParam();
   CpuBackend be;
   ModelConfig c = small_config();
+  if (model_type == "modernbert") {
+    c = ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", 30522}, {"hidden_size", 24},
+                                {"num_attention_heads", 2}, {"intermediate_size", 40}, {"max_position_embeddings", 32},
+                                {"num_hidden_layers", 3}, {"global_attn_every_n_layers", 2}, {"local_attention", 6},
+                                {"classifier_pooling", "mean"}, {"embedding_dropout", 0.1}, {"pad_token_id", 0}},
+                               "modernbert");
+  }
   c.num_hidden_layers = 3;  // a middle layer: selective recomputes its input from the layer below
   c.hidden_dropout_prob = 0.1;
   c.attention_probs_dropout_prob = 0.2;
@@ -401,8 +409,11 @@ TEST_P(GradientCheckpointing, EqualsThePlainRunBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Accumulation, GradientCheckpointing, ::testing::Values(1, 2),
-                         [](const auto& info) { return "accumulation_" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Accumulation, GradientCheckpointing,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values("bert", "modernbert")),
+                         [](const auto& info) {
+                           return std::get<1>(info.param) + "_accumulation_" + std::to_string(std::get<0>(info.param));
+                         });
 
 // The plan holds what each policy keeps: full (one input per layer and one layer at a
 // time) below selective (the products' outputs) below none; inference is planned as
