@@ -41,7 +41,7 @@ for model in $models; do
   echo "$(since "$t0")" >"$out/hone_$model.wall"
   rm -f "$out/hone_$model/model.safetensors"
   echo "hone $model: exit $rc, wall $(cat "$out/hone_$model.wall") s"
-  grep -E "train_samples_per_second|occupied: .* after training|^process:" "$out/hone_$model.log"
+  grep -E "train_samples_per_second|occupied: .*after training|^process:" "$out/hone_$model.log"
   [ $rc -eq 0 ] || tail -5 "$out/hone_$model.log"
   [ -n "${SKIP_HF:-}" ] && continue
   for config in $hf_configs; do
@@ -65,7 +65,7 @@ for run in $modernbert_runs; do
   echo "$(since "$t0")" >"$out/hone_$tag.wall"
   rm -f "$out/hone_$tag/model.safetensors"
   echo "hone $model seq $seq bs $bs x $n: exit $rc, wall $(cat "$out/hone_$tag.wall") s"
-  grep -E "train_samples_per_second|occupied: .* after training|^process:" "$out/hone_$tag.log"
+  grep -E "train_samples_per_second|occupied: .*after training|^process:" "$out/hone_$tag.log"
   [ $rc -eq 0 ] || tail -5 "$out/hone_$tag.log"
   [ -n "${SKIP_HF:-}" ] && continue
   for config in $modernbert_hf_configs; do
