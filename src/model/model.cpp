@@ -154,7 +154,6 @@ SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch,
                         1.0f / std::sqrt(float(cfg_.head_dim()))}};
 }
 
-
 void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
                                               const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
   const AttentionDims d = dims(p, l);
