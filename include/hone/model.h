@@ -255,6 +255,15 @@ class SequenceClassifier {
   // keeps them) and ctx, with its workspace.
   void attention(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& qkv, Tensor& stats,
                  Tensor& keep, Tensor& ctx);
+  // Layer l's attention from its saved qkv into saved_[l]'s stats, keep bits and context.
+  void saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l);
+  // Selective checkpointing: layer l's context again, from the kept qkv with the same
+  // dropout; the statistics and mask bits it recomputes go to scratch, so that backward
+  // reads the forward's own.
+  void recompute_context(Backend& be, BufferSource& mem, const Pass& p, int l);
+  // Attention's backward from d_ctx (released, with the layer's context, stats and keep
+  // bits) into d_qkv.
+  void context_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& d_ctx, Tensor& d_qkv);
   // Layer l's attention keep bits (attention_keep_words), or an empty tensor.
   Tensor attention_keep(const Backend& be, BufferSource& mem, const Pass& p, int l, Category c,
                         const char* name) const;

@@ -174,6 +174,43 @@ Tensor SequenceClassifier::attention_keep(const Backend& be, BufferSource& mem, 
                   {p.ad.batch, p.ad.heads, p.ad.seq, words});
 }
 
+void SequenceClassifier::saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l) {
+  Saved& s = saved_[l];
+  if (p.batch.tokens == 0) {  // packed inference keeps nothing for a backward
+    s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
+    s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
+  } else {
+    s.attn_stats = s.attn_keep = Tensor{};
+  }
+  s.ctx = activation(mem, "attention_context", l, {p.tokens, cfg_.hidden_size});
+  attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx);
+}
+
+void SequenceClassifier::recompute_context(Backend& be, BufferSource& mem, const Pass& p, int l) {
+  Saved& s = saved_[l];
+  s.ctx = activation(mem, "attention_context", l, {p.tokens, cfg_.hidden_size});
+  Tensor stats = mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
+  Tensor keep = attention_keep(be, mem, p, l, Category::Workspace, "recomputed_attention_dropout_mask");
+  attention(be, mem, p, l, s.qkv, stats, keep, s.ctx);
+  release_if_taken(mem, keep);
+  mem.release(stats);
+}
+
+void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& d_ctx,
+                                          Tensor& d_qkv) {
+  Saved& s = saved_[l];
+  const AttentionDims d = dims(p, l);
+  Tensor ws =
+      mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {be.attention_workspace_elems(d, compute_)});
+  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
+                          layer_dropout(p.drop, l, 0), d_qkv, ws);
+  mem.release(ws);
+  mem.release(d_ctx);
+  mem.release(s.ctx);
+  mem.release(s.attn_stats);
+  release_if_taken(mem, s.attn_keep);
+}
+
 void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
                                                   const Tensor& x) {
   if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x);
@@ -185,14 +222,7 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
                down_b = w(P.ffn_down.b);
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
-  if (p.batch.tokens == 0) {  // packed inference keeps nothing for a backward
-    s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
-    s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
-  } else {
-    s.attn_stats = s.attn_keep = Tensor{};
-  }
-  s.ctx = activation(mem, "attention_context", l, {T, H});
-  attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx);
+  saved_attention(be, mem, p, l);
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
   ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
   s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
@@ -525,30 +555,12 @@ void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pa
   mem.release(s.ln1_in);
   mem.release(s.ln1_mean);
   mem.release(s.ln1_rstd);
-  if (selective) {
-    // The context again, from the kept qkv with the same dropout; the statistics and mask
-    // bits it recomputes go to scratch, so that backward reads the forward's own.
-    s.ctx = activation(mem, "attention_context", l, {T, H});
-    Tensor stats =
-        mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
-    Tensor keep = attention_keep(be, mem, p, l, Category::Workspace, "recomputed_attention_dropout_mask");
-    attention(be, mem, p, l, s.qkv, stats, keep, s.ctx);
-    release_if_taken(mem, keep);
-    mem.release(stats);
-  }
+  if (selective) recompute_context(be, mem, p, l);
   Tensor d_ctx = scratch(mem, "attention_context_grad", {T, H});
   ops::linear_backward(be, d_res, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, &gao_b);
   mem.release(d_res);
   Tensor d_qkv = scratch(mem, "qkv_grad", {T, 3 * H});
-  Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
-                       {be.attention_workspace_elems(dims(p, l), compute_)});
-  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, dims(p, l),
-                          layer_dropout(p.drop, l, 0), d_qkv, ws);
-  mem.release(ws);
-  mem.release(d_ctx);
-  mem.release(s.ctx);
-  mem.release(s.attn_stats);
-  release_if_taken(mem, s.attn_keep);
+  context_backward(be, mem, p, l, d_ctx, d_qkv);
   if (selective && l > 0)
     x = recompute_layernorm(be, mem, saved_[l - 1].ln2_in, layers_[l - 1].ln2, "layer_out", l - 1);
   // dh (the residual path) += d_qkv W_qkv: the gradient of the layer input x.

@@ -35,14 +35,7 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, *a, w3(P.qkv.w, 3 * H, H), ptr(qkv_b), s.qkv);
   rotate(be, p, l, s.qkv, false);
-  if (p.batch.tokens == 0) {
-    s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});
-    s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
-  } else {
-    s.attn_stats = s.attn_keep = Tensor{};
-  }
-  s.ctx = activation(mem, "attention_context", l, {T, H});
-  attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx);
+  saved_attention(be, mem, p, l);
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
   const Tensor ao_b = opt(P.attn_out.b), up_b = opt(P.ffn_up.b), down_b = opt(P.ffn_down.b);
   ops::linear_forward(be, s.ctx, w(P.attn_out.w), ptr(ao_b), s.ln1_in);
@@ -105,29 +98,12 @@ void SequenceClassifier::prenorm_layer_backward(Backend& be, BufferSource& mem, 
   mem.release(s.ln1_in);
   mem.release(s.ln1_mean);
   mem.release(s.ln1_rstd);
-  if (selective) {  // the context again, its statistics and mask bits to scratch (as the post-norm layer)
-    s.ctx = activation(mem, "attention_context", l, {T, H});
-    Tensor stats =
-        mem.take(Category::Workspace, "recomputed_attention_row_stats", -1, DType::F32, s.attn_stats.shape);
-    Tensor keep = attention_keep(be, mem, p, l, Category::Workspace, "recomputed_attention_dropout_mask");
-    attention(be, mem, p, l, s.qkv, stats, keep, s.ctx);
-    release_if_taken(mem, keep);
-    mem.release(stats);
-  }
+  if (selective) recompute_context(be, mem, p, l);
   Tensor d_ctx = scratch(mem, "attention_context_grad", {T, H});
   ops::linear_backward(be, d_norm, s.ctx, w(P.attn_out.w), &d_ctx, false, gao_w, ptr(gao_b));
   mem.release(d_norm);
   Tensor d_qkv = scratch(mem, "qkv_grad", {T, 3 * H});
-  const AttentionDims d = dims(p, l);
-  Tensor ws =
-      mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {be.attention_workspace_elems(d, compute_)});
-  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
-                          layer_dropout(p.drop, l, 0), d_qkv, ws);
-  mem.release(ws);
-  mem.release(d_ctx);
-  mem.release(s.ctx);
-  mem.release(s.attn_stats);
-  release_if_taken(mem, s.attn_keep);
+  context_backward(be, mem, p, l, d_ctx, d_qkv);
   rotate(be, p, l, d_qkv, true);  // the gradient of the projection's output, before rotation
   if (!P.attn_norm.g) {  // the first layer: dh += d_qkv Wqkv, the gradient of x itself
     ops::linear_backward(be, d_qkv, x, w3(P.qkv.w, 3 * H, H), &dh, true, gqkv_w, ptr(gqkv_b));
