@@ -1085,6 +1085,14 @@ TEST(OpsEmbedding, MeanPoolOverTheAttendedTokens) {
   for (int c = 0; c < H; ++c) EXPECT_EQ(dhidden.f()[3 * H + c], 0.0f);
   HostTensor wrong(DType::F32, {B, H + 1});
   EXPECT_THROW(ops::mean_pool_forward(be, hidden.t, mask.t, wrong.t), Error);
+  // Packed, each sequence's attended rows alone: the padded mean bit for bit.
+  HostTensor packed(DType::F32, {8, H}), row_start = ints({B + 1}, {0, 3, 4, 8}), out_packed(DType::F32, {B, H});
+  int64_t at = 0;
+  for (int t = 0; t < B * S; ++t)
+    if (mask.i()[t]) std::copy(hidden.f() + t * H, hidden.f() + (t + 1) * H, packed.f() + H * at++);
+  ops::mean_pool_forward(be, hidden.t, mask.t, out.t);
+  ops::mean_pool_packed(be, packed.t, row_start.t, out_packed.t);
+  expect_same_bits("packed mean", out_packed, out);
 }
 
 // ---------------------------------------------------------------------------- loss

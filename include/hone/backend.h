@@ -411,6 +411,9 @@ class Backend {
   // dhidden[b*S + s] = mask[b, s] * dout[b] / count, 0 at padding. mask: I32 [B, S].
   virtual void mean_pool_forward(const Tensor& hidden, const Tensor& mask, Tensor& out) = 0;
   virtual void mean_pool_backward(const Tensor& dout, const Tensor& mask, Tensor& dhidden) = 0;
+  // Packed inference's mean pooling: out[b] = the mean of rows row_start[b] ..
+  // row_start[b + 1] - 1 of hidden [T, H] (row_start: I32 [B + 1] in this backend's memory).
+  virtual void mean_pool_packed(const Tensor& hidden, const Tensor& row_start, Tensor& out) = 0;
   // out[b] = hidden[b*S]  (the [CLS] rows); scatter writes dhidden = 0 except those rows.
   virtual void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) = 0;
   virtual void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) = 0;

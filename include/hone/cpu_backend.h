@@ -59,6 +59,7 @@ class CpuBackend final : public Backend {
   void rotary(Tensor& qkv, const Tensor& rows, int seq, int heads, int head_dim, float theta, bool inverse) override;
   void mean_pool_forward(const Tensor& hidden, const Tensor& mask, Tensor& out) override;
   void mean_pool_backward(const Tensor& dout, const Tensor& mask, Tensor& dhidden) override;
+  void mean_pool_packed(const Tensor& hidden, const Tensor& row_start, Tensor& out) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,

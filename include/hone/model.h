@@ -177,9 +177,6 @@ class SequenceClassifier {
   // Inference: the same forward pass without dropout, keeping nothing for a backward
   // pass (each layer's buffers are released once the next layer has read them).
   void forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const ForwardOutputs& out);
-  // Whether inference may run on packed batches (BatchTensors::tokens): not with mean
-  // pooling, which reads the padded layout's mask.
-  bool packs_inference() const { return cfg_.classifier_pooling != "mean"; }
 
  private:
   struct Linear { const ParamEntry *w, *b; };  // b null: no bias

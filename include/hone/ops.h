@@ -58,6 +58,7 @@ void rotary(Backend& be, Tensor& qkv, const Tensor& rows, int seq, int heads, in
             bool inverse);
 void mean_pool_forward(Backend& be, const Tensor& hidden, const Tensor& mask, Tensor& out);
 void mean_pool_backward(Backend& be, const Tensor& dout, const Tensor& mask, Tensor& dhidden);
+void mean_pool_packed(Backend& be, const Tensor& hidden, const Tensor& row_start, Tensor& out);
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
 void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);

@@ -179,6 +179,18 @@ __global__ void mean_pool_forward_kernel(const T* hidden, const int32_t* mask, i
   out[int64_t(b) * width + c] = cuda::from_float<T>(n > 0 ? sum / float(n) : 0.0f);
 }
 
+// Block (x, b): as mean_pool_forward_kernel over packed rows row_start[b] .. row_start[b + 1] - 1.
+template <typename T>
+__global__ void mean_pool_packed_kernel(const T* hidden, const int32_t* row_start, int64_t width, T* out) {
+  const int b = blockIdx.y;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  const int r0 = row_start[b], r1 = row_start[b + 1];
+  float sum = 0.0f;
+  for (int r = r0; r < r1; ++r) sum += cuda::to_float(hidden[int64_t(r) * width + c]);
+  out[int64_t(b) * width + c] = cuda::from_float<T>(r1 > r0 ? sum / float(r1 - r0) : 0.0f);
+}
+
 // Block (x, b): rows x * kPoolRows .. of sequence b, every column.
 constexpr int kPoolRows = 32;
 template <typename T>
@@ -287,6 +299,19 @@ void CudaBackend::mean_pool_forward(const Tensor& hidden, const Tensor& mask, Te
     using T = decltype(e);
     mean_pool_forward_kernel<<<grid, cuda::kThreads, 0, stream()>>>(hidden.ptr<T>(), mask.ptr<int32_t>(), seq,
                                                                      width, out.ptr<T>());
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::mean_pool_packed(const Tensor& hidden, const Tensor& row_start, Tensor& out) {
+  const int batch = int(out.shape[0]);
+  const int64_t width = hidden.shape[1];
+  if (batch == 0 || width == 0) return;
+  const dim3 grid(unsigned((width + cuda::kThreads - 1) / cuda::kThreads), unsigned(batch));
+  cuda::with_dtype(hidden.dtype, "mean_pool_packed", [&](auto e) {
+    using T = decltype(e);
+    mean_pool_packed_kernel<<<grid, cuda::kThreads, 0, stream()>>>(hidden.ptr<T>(), row_start.ptr<int32_t>(), width,
+                                                                    out.ptr<T>());
     HONE_CUDA_LAUNCH_CHECK();
   });
 }

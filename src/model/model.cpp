@@ -332,8 +332,9 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   HONE_CHECK(!packed || !hidden_out, "the last hidden state of a packed batch is not in the padded layout");
   if (hidden_out && !be.dry_run) be.read(*last, hidden_out, size_t(T * H));
   h.cls_tok = activation(mem, "cls_token", -1, {B, H});
-  if (cfg_.classifier_pooling == "mean") {
-    HONE_CHECK(!packed, "mean pooling reads the padded layout: a packed batch cannot have it");
+  if (cfg_.classifier_pooling == "mean" && packed) {
+    ops::mean_pool_packed(be, *last, p.batch.row_start, h.cls_tok);  // a packed sequence is its attended tokens
+  } else if (cfg_.classifier_pooling == "mean") {
     ops::mean_pool_forward(be, *last, p.batch.attention_mask, h.cls_tok);
   } else if (packed) {
     ops::gather_rows(be, *last, p.batch.row_start.rows(0, B), h.cls_tok);  // each sequence's first token

@@ -128,6 +128,19 @@ void mean_pool_backward(Backend& be, const Tensor& dout, const Tensor& mask, Ten
   be.mean_pool_backward(dout, mask, dhidden);
 }
 
+// The row starts come from the host's packing, as gather_rows' rows.
+void mean_pool_packed(Backend& be, const Tensor& hidden, const Tensor& row_start, Tensor& out) {
+  const char* op = "mean_pool_packed";
+  detail::expect_compute(be, op, "hidden", hidden);
+  detail::expect_rank(op, "hidden", hidden, 2);
+  detail::expect_dtype(op, "row_start", row_start, DType::I32);
+  detail::expect_rank(op, "row_start", row_start, 1);
+  detail::expect(op, "out", out, hidden.dtype, {row_start.shape[0] - 1, hidden.shape[1]});
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Elementwise, {double(hidden.numel()), detail::bytes(hidden, row_start, out)});
+  be.mean_pool_packed(hidden, row_start, out);
+}
+
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out) {
   check_first_tokens(be, "gather_first_tokens", hidden, "hidden", out, "out", seq);
   if (be.dry_run) return;
@@ -298,6 +311,22 @@ void CpuBackend::mean_pool_backward(const Tensor& dout, const Tensor& mask, Tens
     for (int64_t s = 0; s < seq; ++s)
       for (int64_t c = 0; c < width; ++c)
         hp[(b * seq + s) * width + c] = mp[b * seq + s] ? dp[b * width + c] / n : 0.0f;
+  }
+}
+
+void CpuBackend::mean_pool_packed(const Tensor& hidden, const Tensor& row_start, Tensor& out) {
+  const int64_t batch = out.shape[0], width = hidden.shape[1];
+  const int32_t* rs = row_start.ptr<int32_t>();
+  const float* hp = hidden.f32();
+  float* op = out.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < batch; ++b) {  // the padded mean's order: row by row, then one division
+    float* o = op + b * width;
+    std::fill(o, o + width, 0.0f);
+    for (int64_t r = rs[b]; r < rs[b + 1]; ++r)
+      for (int64_t c = 0; c < width; ++c) o[c] += hp[r * width + c];
+    if (rs[b + 1] > rs[b])
+      for (int64_t c = 0; c < width; ++c) o[c] /= float(rs[b + 1] - rs[b]);
   }
 }
 

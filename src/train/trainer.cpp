@@ -100,7 +100,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
   grad_list_.reserve(model_->layout().groups().size());
   if (phases_.infer_batch > 0) {
     const AttentionDims widest{phases_.infer_batch, seq_len, c.num_attention_heads, c.head_dim(), 1.0f};
-    packs_ = model_->packs_inference() && be_.packs_attention(widest, compute_dtype(a));
+    packs_ = be_.packs_attention(widest, compute_dtype(a));
     packed_rows_.reserve(size_t(phases_.infer_batch) * size_t(seq_len));
     row_start_.reserve(size_t(phases_.infer_batch) + 1);
   }

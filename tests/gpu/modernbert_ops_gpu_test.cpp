@@ -96,7 +96,7 @@ TEST_F(ModernBertOps, MeanPoolMatchesCpu) {
   Backend& g = gpu();
   CpuBackend cpu;
   const int B = 3, S = 1000, H = 96;
-  const HostTensor mask = mask_with_lengths(B, S, {1000, 17, 1});
+  HostTensor mask = mask_with_lengths(B, S, {1000, 17, 1});
   for (const Precision& p : kPrecisions) {
     HostTensor hidden = as_stored(g, p.dtype, random({B * S, H}, 1)), dout = as_stored(g, p.dtype, random({B, H}, 2));
     HostTensor out(DType::F32, {B, H}), dhidden(DType::F32, {B * S, H});
@@ -109,6 +109,19 @@ TEST_F(ModernBertOps, MeanPoolMatchesCpu) {
     const std::string at = fmt::format(" ({})", dtype_name(p.dtype));
     test::expect_close("pooled" + at, gout.download(), out, p.tol);
     test::expect_close("dhidden" + at, gdh.download(), dhidden, p.tol);
+    // Packed inference: each sequence's rows, back to back.
+    HostTensor row_start(DType::I32, {B + 1}), packed(DType::F32, {1000 + 17 + 1, H});
+    row_start.i()[0] = 0;
+    int64_t rows = 0;
+    for (int b = 0; b < B; ++b) {
+      for (int s = 0; s < S; ++s)
+        if (mask.i()[b * S + s])
+          std::copy(hidden.f() + (b * S + s) * H, hidden.f() + (b * S + s + 1) * H, packed.f() + H * rows++);
+      row_start.i()[b + 1] = int32_t(rows);
+    }
+    DeviceTensor gpacked(g, p.dtype, packed), grs(g, row_start), gpout(g, p.dtype, Shape{B, H});
+    ops::mean_pool_packed(g, gpacked.t, grs.t, gpout.t);
+    test::expect_close("packed pooled" + at, gpout.download(), out, p.tol);
   }
 }
 

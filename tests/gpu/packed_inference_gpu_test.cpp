@@ -29,7 +29,8 @@ struct Outputs {
 // A family's model (hone/family.h) packs as BERT's does: RoBERTa's position ids come from
 // the padded ids (its padding id 1 pads the rows), ELECTRA projects its narrower
 // embeddings, DistilBERT has no token types, ModernBERT turns query and key by each packed
-// row's column and attends within a window in its local layer.
+// row's column and attends within a window in its local layer (with the mean of each
+// sequence's rows, or its first token).
 void check_packed(DType dtype, int heads, const std::string& model_type) {
   ModelConfig c = test::small_bert();
   c.model_type = model_type;
@@ -37,8 +38,9 @@ void check_packed(DType dtype, int heads, const std::string& model_type) {
   c.max_position_embeddings = 256;
   if (model_type == "roberta") c.pad_token_id = 1;
   if (model_type == "electra") c.embedding_size = 64;
-  if (model_type == "modernbert")  // rotary by the packed rows' columns, a local layer's window
+  if (model_type.starts_with("modernbert"))  // rotary by the packed rows' columns, a local layer's window
     c = ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", c.vocab_size},
+                                {"classifier_pooling", model_type == "modernbert_mean" ? "mean" : "cls"},
                                 {"hidden_size", c.hidden_size}, {"num_hidden_layers", 2},
                                 {"num_attention_heads", heads}, {"intermediate_size", c.intermediate_size},
                                 {"max_position_embeddings", 256}, {"global_attn_every_n_layers", 2},
@@ -112,7 +114,8 @@ TEST_P(PackedInference, GivesThePaddedOutputs) {
 
 TEST(PackedInferenceFamilies, GiveThePaddedOutputs) {
   SKIP_WITHOUT_MIXED_PRECISION();
-  for (const char* family : {"roberta", "distilbert", "electra", "modernbert"}) check_packed(DType::BF16, 2, family);
+  for (const char* family : {"roberta", "distilbert", "electra", "modernbert", "modernbert_mean"})
+    check_packed(DType::BF16, 2, family);
 }
 
 INSTANTIATE_TEST_SUITE_P(Every, PackedInference,
