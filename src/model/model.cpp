@@ -1,3 +1,6 @@
+// The sequence classifier (hone/model.h): the embeddings, the post-norm layer body, the
+// head, and the forward and backward passes over them; ModernBERT's pre-norm body is
+// src/model/prenorm_layer.cpp, the parameters' layout src/model/layout.cpp.
 #include "hone/model.h"
 
 #include <cmath>
