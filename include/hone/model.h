@@ -237,7 +237,8 @@ class SequenceClassifier {
   // Layer l's backward: dh holds the gradient of its output and receives that of its
   // input x. Recomputes first what the policy did not keep (selective: x itself too).
   void layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x, Tensor& dh);
-  // The pre-norm layer body of layer_forward and layer_backward (prenorm_layer.cpp).
+  // The pre-norm layer body of layer_forward and layer_backward (prenorm_layer.cpp); the
+  // backward's runs after layer_backward's full recomputation and take_grads.
   void prenorm_layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x);
   void prenorm_layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x, Tensor& dh);
   // Rotary embeddings on layer l's qkv (inverse: on its gradient); nothing without them.

@@ -517,16 +517,16 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
 
 void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
                                                    Tensor& dh) {
+  if (checkpointing_ == Checkpointing::Full) {
+    layer_forward(be, mem, p, l, x);
+    mem.release(saved_[l].out);  // the next layer's input, whose backward is done
+  }
+  take_grads(be, mem, 1 + l);
   if (pre_norm_) return prenorm_layer_backward(be, mem, p, l, x, dh);
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const bool selective = checkpointing_ == Checkpointing::Selective;
   const Layer& P = layers_[l];
   Saved& s = saved_[l];
-  if (checkpointing_ == Checkpointing::Full) {
-    layer_forward(be, mem, p, l, x);
-    mem.release(s.out);  // the next layer's input, whose backward is done
-  }
-  take_grads(be, mem, 1 + l);
   Tensor gg2 = g(P.ln2.g), gb2 = g(P.ln2.b), gg1 = g(P.ln1.g), gb1 = g(P.ln1.b);
   Tensor gdown_w = g(P.ffn_down.w), gdown_b = g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = g(P.ffn_up.b);
   Tensor gao_w = g(P.attn_out.w), gao_b = g(P.attn_out.b);

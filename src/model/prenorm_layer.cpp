@@ -63,11 +63,6 @@ void SequenceClassifier::prenorm_layer_backward(Backend& be, BufferSource& mem, 
   const bool selective = checkpointing_ == Checkpointing::Selective;
   const Layer& P = layers_[l];
   Saved& s = saved_[l];
-  if (checkpointing_ == Checkpointing::Full) {
-    layer_forward(be, mem, p, l, x);
-    mem.release(s.out);  // the next layer's input, whose backward is done
-  }
-  take_grads(be, mem, 1 + l);
   Tensor gg1 = g(P.ln1.g), gb1 = opt_g(P.ln1.b);
   Tensor gdown_w = g(P.ffn_down.w), gdown_b = opt_g(P.ffn_down.b), gup_w = g(P.ffn_up.w), gup_b = opt_g(P.ffn_up.b);
   Tensor gao_w = g(P.attn_out.w), gao_b = opt_g(P.attn_out.b);
