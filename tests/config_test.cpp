@@ -8,6 +8,8 @@
 #include <limits>
 
 #include "hone/error.h"
+#include "hone/model.h"
+#include "hone/optimizer.h"
 #include "test_util.h"
 
 namespace hone {
@@ -551,6 +553,32 @@ TEST(Config, BertLargeHasTheKnownParameterCount) {
   const int64_t pooler = H * H + H;
   const int64_t classifier = N * H + N;
   EXPECT_EQ(embeddings + L * layer + pooler + classifier, 335143938);
+}
+
+// Every family's embedding tables open the flat buffers, so that the half copy mixed
+// precision keeps can start after them, and no optimizer range crosses their end.
+TEST(Config, EmbeddingTablesOpenTheLayoutOfEveryFamily) {
+  for (const char* name : {"bert-large-uncased", "roberta-large", "xlm-roberta-large", "distilbert-base-uncased",
+                           "electra-small-discriminator", "modernbert-large"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = *builtin_config(name);
+    const ParamLayout layout(c);
+    int64_t tables = 0;
+    for (const ParamEntry& e : layout.entries())
+      if (e.kind == ParamKind::Embedding) {
+        tables += e.shape.numel();
+        EXPECT_LE(e.offset + e.shape.numel(), layout.tables_end()) << e.name;
+      }
+    EXPECT_EQ(layout.tables_end(), tables);
+    EXPECT_GE(tables, c.vocab_size * c.embedding_width());
+    int64_t at = 0;
+    for (const ParamRange& r : decay_ranges(layout)) {
+      EXPECT_EQ(r.begin, at);
+      EXPECT_TRUE(r.end <= layout.tables_end() || r.begin >= layout.tables_end()) << r.begin << ".." << r.end;
+      at = r.end;
+    }
+    EXPECT_EQ(at, layout.count());
+  }
 }
 
 }  // namespace

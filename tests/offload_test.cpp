@@ -177,6 +177,17 @@ TEST(OffloadPlan, PutsMasterWeightsGradientsAndStateOnTheHost) {
   // Without offload nothing is on the host.
   const MemoryPlan plain = TrainingRun::plan(args("adamw_torch", false), c, 16, be);
   EXPECT_EQ(plain.host_bytes(), 0u);
+
+  // Nor, with the master weights on the device, has its bf16 copy the embedding tables:
+  // the lookup reads them from the master weights.
+  TrainingArguments on_device = args("adamw_torch", false);
+  on_device.bf16 = true;
+  const MemoryPlan mixed = TrainingRun::plan(on_device, c, 16, be, gradient_memory_for(on_device));
+  const int64_t tables = ParamLayout(c).tables_end();
+  ASSERT_GT(tables, 0);
+  EXPECT_EQ(bytes(mixed, Category::MasterWeights), f32);
+  EXPECT_EQ(bytes(mixed, Category::Weights),
+            (size_t(n - tables) * 2 + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <tuple>
 
+#include "hone/config.h"
 #include "hone/cpu_backend.h"
 #include "hone/error.h"
 #include "hone/optimizer.h"
@@ -19,6 +20,26 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// The half copy of a mixed-precision run starts at half_begin (after the embedding
+// tables): ranges before it have no copy to write, ranges after it are shifted, and a
+// range across it is a caller's error.
+TEST(OptimizerTarget, HalfRowsStartAtHalfBegin) {
+  const ModelConfig c = *builtin_config("bert-tiny");
+  const ParamLayout layout(c);
+  std::vector<uint16_t> half_data(size_t(layout.count() - layout.tables_end()));
+  const std::vector<Tensor> grads;
+  OptimizerTarget t{layout, Tensor{}, Tensor{half_data.data(), DType::BF16, Shape{int64_t(half_data.size())}, Device::CPU},
+                    grads, Tensor{}, Tensor{}};
+  t.half_begin = layout.tables_end();
+  const int64_t b = t.half_begin;
+  EXPECT_EQ(t.half_rows(0, b).data, nullptr);
+  const Tensor after = t.half_rows(b + 4, b + 10);
+  EXPECT_EQ(after.data, half_data.data() + 4);
+  EXPECT_EQ(after.numel(), 6);
+  EXPECT_EQ(t.half_of(layout.entries()[0]).data, nullptr);  // the word table
+  EXPECT_NE(error_of([&] { t.half_rows(b - 1, b + 1); }).find("straddle"), std::string::npos);
 }
 
 TEST(OptimArgs, ParsesAsTrainerDoes) {

@@ -52,6 +52,9 @@ class ParamLayout {
   const ParamEntry* find(const std::string& name) const;
   const ParamEntry& at(const std::string& name) const;
   int64_t count() const { return count_; }  // all parameters
+  // The embedding tables come first in the flat buffers: [0, tables_end). Mixed precision
+  // reads them from the master weights, so they have no half-precision copy.
+  int64_t tables_end() const { return tables_end_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Groups [first, end) alone, as a layout of their own: offsets from the first group's
   // begin, groups numbered from 0 (a ZeRO rank's shard, whose optimizer sees only it).
@@ -62,6 +65,7 @@ class ParamLayout {
   std::vector<ParamEntry> entries_;
   std::vector<ParamGroup> groups_;
   int64_t count_ = 0;
+  int64_t tables_end_ = 0;
 };
 
 // The batch as the model reads it; I32 ids [B*S]; labels I32 [B] or, for regression, F32 [B].
@@ -141,9 +145,15 @@ class SequenceClassifier {
   void bind_parameters(BufferSource& mem, GroupRange persistent_grads, DType compute = DType::F32,
                        Category master = Category::MasterWeights, bool keep_master = true);
   Tensor& weights() { return weights_; }  // the F32 parameters (empty: none kept)
-  // What forward and backward read: the parameters, or their half-precision copy.
+  // What forward and backward read: the parameters, or their half-precision copy. The copy
+  // holds parameters [half_begin(), count): while the master weights are on this device,
+  // the embedding lookup reads its tables from them (as autocast does), which spares a copy
+  // of the largest tables (XLM-RoBERTa's: 46% of its parameters).
   const Tensor& compute_weights() const { return mixed() ? half_weights_ : weights_; }
   Tensor& compute_weights() { return mixed() ? half_weights_ : weights_; }
+  int64_t half_begin() const { return half_begin_; }
+  // Rounds the master weights into the half copy, after they were written.
+  void round_weights(Backend& be);
   DType compute_dtype() const { return compute_; }
   bool mixed() const { return compute_ != DType::F32; }
   // What training keeps for backward; set before the run is planned (the plan records it).
@@ -286,7 +296,12 @@ class SequenceClassifier {
   static void release_if_taken(BufferSource& mem, const Tensor& t) {
     if (t.data) mem.release(t);
   }
-  Tensor w(const ParamEntry* e) const { return param(compute_weights(), *e); }
+  Tensor w(const ParamEntry* e) const { return compute_slice(e->offset, e->shape); }
+  // What forward reads at offset of the flat layout: an embedding table from the master
+  // weights when the half copy starts after it.
+  Tensor compute_slice(int64_t offset, Shape s) const {
+    return offset < half_begin_ ? slice(weights_, offset, s) : slice(compute_weights(), offset - half_begin_, s);
+  }
   // An optional parameter (a bias, or a LayerNorm's beta): empty when absent.
   Tensor opt(const ParamEntry* e) const { return e ? w(e) : Tensor{}; }
   Tensor opt_g(const ParamEntry* e) const { return e ? g(e) : Tensor{}; }
@@ -297,7 +312,7 @@ class SequenceClassifier {
   }
   // Query, key and value as one [3H, H] weight and [3H] bias (they are adjacent).
   Tensor w3(const ParamEntry* e, int64_t rows, int64_t cols) const {
-    return slice(compute_weights(), e->offset, {rows, cols});
+    return compute_slice(e->offset, {rows, cols});
   }
   Tensor g3(const ParamEntry* e, int64_t rows, int64_t cols) const {
     return slice(group_grads_[size_t(e->group)], e->offset - layout_.groups()[size_t(e->group)].begin, {rows, cols});
@@ -329,6 +344,7 @@ class SequenceClassifier {
   Norm head_norm_{nullptr, nullptr}, final_norm_{nullptr, nullptr};  // g null: none
   Tensor weights_;       // F32 parameters (the master weights under mixed precision)
   Tensor half_weights_;  // their compute-dtype copy under mixed precision
+  int64_t half_begin_ = 0;  // the flat offset of half_weights_[0]
   DType compute_ = DType::F32;
   GroupRange persistent_grads_;
   Checkpointing checkpointing_ = Checkpointing::None;

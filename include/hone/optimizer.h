@@ -33,19 +33,23 @@ constexpr int kOptimizerScalarsSize = 16;
 struct OptimizerTarget {
   const ParamLayout& layout;
   Tensor params;  // F32 [layout.count()]: the parameters (the master weights under mixed precision)
-  Tensor half;    // mixed precision: the compute-dtype copy, rewritten from params; else empty
+  // Mixed precision: the compute-dtype copy of params [half_begin, count), rewritten from
+  // them; else empty. The embedding tables before half_begin have none (model.h).
+  Tensor half;
   const std::vector<Tensor>& group_grads;  // F32 gradients of each layout group
   Tensor norm_coef;  // F32 [kNormCoefSize], from clip_coefficient
   Tensor scalars;    // F32 [kOptimizerScalarsSize]: what Optimizer::scalars wrote for this update
   // >= 0: this call updates only that layout group's parameters (an offloaded update runs
   // group by group, as each group's gradients land); -1: every group.
   int group = -1;
+  int64_t half_begin = 0;
   bool updates(int g) const { return group < 0 || group == g; }
 
   // One parameter's slices of the flat buffers (half: empty without mixed precision).
   Tensor param(const ParamEntry& e) const;
   Tensor grad(const ParamEntry& e) const;
   Tensor half_of(const ParamEntry& e) const;
+  Tensor half_rows(int64_t begin, int64_t end) const;  // params [begin, end)'s copy; empty: none
 };
 
 // A contiguous range of the flat buffers with one weight-decay setting: each group's

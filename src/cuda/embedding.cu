@@ -13,10 +13,23 @@ namespace hone {
 
 namespace {
 
+// V consecutive elements as floats: one element, or whole 16-byte accesses (a row of F32
+// master weights read for a half-precision output takes two).
 template <typename T, int V>
 __device__ __forceinline__ void load_row(const T* p, float (&v)[V]) {
-  if constexpr (V == 1) v[0] = cuda::to_float(*p);
-  else cuda::load_floats(p, v);
+  if constexpr (V == 1) {
+    v[0] = cuda::to_float(*p);
+  } else {
+    constexpr int N = cuda::kVec<T>;
+    static_assert(V % N == 0, "whole 16-byte accesses");
+#pragma unroll
+    for (int k = 0; k < V; k += N) {
+      float part[N];
+      cuda::load_floats(p + k, part);
+#pragma unroll
+      for (int j = 0; j < N; ++j) v[k + j] = part[j];
+    }
+  }
 }
 
 template <typename T, int V>
@@ -32,16 +45,17 @@ __device__ __forceinline__ int64_t position_row(const int32_t* positions, int64_
 __device__ __forceinline__ int32_t type_row(const int32_t* types, int64_t t) { return types ? types[t] : 0; }
 
 // type null: no type term (a family without token types); pos null: no position term
-// (rotary positions, ModernBERT).
-template <typename T, int V>
+// (rotary positions, ModernBERT). Tables T, output O: the same dtype, or F32 tables (mixed
+// precision's master weights) summed in F32 and rounded once.
+template <typename T, typename O, int V>
 __global__ void embedding_forward_kernel(const int32_t* ids, const int32_t* types, const int32_t* positions,
                                          const T* word, const T* pos, const T* type, int64_t tokens, int64_t hidden,
-                                         int seq, T* out) {
+                                         int seq, O* out) {
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* w = word + int64_t(ids[t]) * hidden;
     const T* p = pos ? pos + position_row(positions, t, seq) * hidden : nullptr;
     const T* ty = type ? type + int64_t(type_row(types, t)) * hidden : nullptr;
-    T* o = out + t * hidden;
+    O* o = out + t * hidden;
     for (int64_t c = int64_t(threadIdx.x) * V; c < hidden; c += int64_t(blockDim.x) * V) {
       float a[V], b[V], e[V];
       load_row(w + c, a);
@@ -224,21 +238,27 @@ void CudaBackend::embedding_forward(const Tensor& ids, const Tensor& types, cons
                                     const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out) {
   const int64_t tokens = ids.numel(), hidden = word.shape[1];
   if (tokens == 0 || hidden == 0) return;
-  cuda::with_dtype(word.dtype, "embedding_forward", [&](auto e) {
-    using T = decltype(e);
+  auto launch = [&](auto table, auto output) {
+    using T = decltype(table);
+    using O = decltype(output);
     const int32_t *ip = ids.ptr<int32_t>(), *tp = types.ptr<int32_t>(), *pi = positions.ptr<int32_t>();
     const T *wp = word.ptr<T>(), *pp = pos.ptr<T>(), *typ = type.ptr<T>();
-    T* op = out.ptr<T>();
-    const bool vec = hidden % cuda::kVec<T> == 0 && cuda::aligned16(wp) && cuda::aligned16(pp) &&
-                     cuda::aligned16(typ) && cuda::aligned16(op);
+    O* op = out.ptr<O>();
+    constexpr int V = cuda::kVec<O>;  // one 16-byte store per step
+    const bool vec = hidden % V == 0 && cuda::aligned16(wp) && cuda::aligned16(pp) && cuda::aligned16(typ) &&
+                     cuda::aligned16(op);
     const int blocks = cuda::blocks_for_rows(tokens);
     if (vec)
-      embedding_forward_kernel<T, cuda::kVec<T>>
+      embedding_forward_kernel<T, O, V>
           <<<blocks, cuda::kThreads, 0, stream()>>>(ip, tp, pi, wp, pp, typ, tokens, hidden, seq, op);
     else
-      embedding_forward_kernel<T, 1>
+      embedding_forward_kernel<T, O, 1>
           <<<blocks, cuda::kThreads, 0, stream()>>>(ip, tp, pi, wp, pp, typ, tokens, hidden, seq, op);
     HONE_CUDA_LAUNCH_CHECK();
+  };
+  cuda::with_dtype(out.dtype, "embedding_forward", [&](auto o) {
+    if (word.dtype == DType::F32) launch(float{}, o);
+    else launch(o, o);
   });
 }
 

@@ -83,6 +83,12 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
     }
     g.end = count_;
   }
+  // The tables are group 0's first decayed parameters (word, then positions and types).
+  for (const ParamEntry& e : entries_)
+    if (e.kind == ParamKind::Embedding) tables_end_ = std::max(tables_end_, e.offset + e.shape.numel());
+  for (const ParamEntry& e : entries_)
+    HONE_CHECK(e.kind == ParamKind::Embedding || e.offset >= tables_end_, "{} lies among the embedding tables",
+               e.name);
 }
 
 const ParamEntry* ParamLayout::find(const std::string& name) const {
@@ -114,6 +120,7 @@ ParamLayout ParamLayout::shard(int first, int end) const {
     s.groups_.push_back({g.begin - base, g.decayed_end - base, g.end - base});
   }
   s.count_ = groups_[size_t(end - 1)].end - base;
+  s.tables_end_ = first == 0 ? tables_end_ : 0;
   return s;
 }
 

@@ -61,10 +61,13 @@ SequenceClassifier::SequenceClassifier(const ModelConfig& c)
 void SequenceClassifier::bind_parameters(BufferSource& mem, GroupRange persistent_grads, DType compute,
                                                    Category master, bool keep_master) {
   compute_ = compute;
+  half_begin_ = 0;
   if (mixed()) {
     if (keep_master) weights_ = mem.take(master, "parameters", -1, DType::F32, {layout_.count()});
+    // Master weights in host memory (offload) are too far for the lookup to read.
+    if (keep_master && master == Category::MasterWeights) half_begin_ = layout_.tables_end();
     half_weights_ = mem.take(Category::Weights, compute == DType::BF16 ? "parameters_bf16" : "parameters_fp16", -1,
-                             compute, {layout_.count()});
+                             compute, {layout_.count() - half_begin_});
   } else {
     weights_ = mem.take(Category::Weights, "parameters", -1, DType::F32, {layout_.count()});
   }
@@ -83,6 +86,10 @@ void SequenceClassifier::bind_parameters(BufferSource& mem, GroupRange persisten
     const ParamGroup& g = groups[size_t(k)];
     group_grads_[size_t(k)] = slice(flat, g.begin - base, {g.size()});
   }
+}
+
+void SequenceClassifier::round_weights(Backend& be) {
+  if (mixed()) ops::cast(be, weights_.rows(half_begin_, layout_.count()), half_weights_);
 }
 
 void SequenceClassifier::take_grads(Backend& be, BufferSource& mem, int k) {
@@ -221,7 +228,7 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   const float eps = cfg_.layer_norm_eps;
   const Layer& P = layers_[l];
   Saved& s = saved_[l];
-  const Tensor qkv_b = slice(compute_weights(), P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
+  const Tensor qkv_b = compute_slice(P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
                down_b = w(P.ffn_down.b);
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);

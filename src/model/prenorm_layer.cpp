@@ -31,7 +31,7 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
                            s.attn_norm_rstd);
     a = &s.attn_norm_out;
   }
-  const Tensor qkv_b = P.qkv.b ? slice(compute_weights(), P.qkv.b->offset, {3 * H}) : Tensor{};
+  const Tensor qkv_b = P.qkv.b ? compute_slice(P.qkv.b->offset, {3 * H}) : Tensor{};
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, *a, w3(P.qkv.w, 3 * H, H), ptr(qkv_b), s.qkv);
   rotate(be, p, l, s.qkv, false);

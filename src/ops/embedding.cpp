@@ -13,8 +13,8 @@ namespace ops {
 namespace {
 
 // Checks ids, types and positions (each I32 [B*S], or empty) and the tables (pos and type
-// may be empty); returns the embedding width. The tables have dtype `table`: the compute dtype's
-// weights, or F32 gradients.
+// may be empty); returns the embedding width. The tables have dtype `table`: weights in the
+// compute dtype or in F32 (mixed precision's master weights), or F32 gradients.
 int64_t check_embedding(const char* op, const Tensor& ids, const Tensor& types, const Tensor& positions, int seq,
                         DType table, const Tensor& word, const char* word_name, const Tensor& pos,
                         const char* pos_name, const Tensor& type, const char* type_name) {
@@ -61,14 +61,17 @@ void check_first_tokens(Backend& be, const char* op, const Tensor& full, const c
 void embedding_forward(Backend& be, const Tensor& ids, const Tensor& types, const Tensor& positions,
                        const Tensor& word, const Tensor& pos, const Tensor& type, int seq, Tensor& out) {
   detail::expect_compute(be, "embedding_forward", "out", out);
-  const int64_t hidden = check_embedding("embedding_forward", ids, types, positions, seq, out.dtype, word, "word",
+  if (word.dtype != out.dtype && word.dtype != DType::F32)
+    fail("embedding_forward: word has dtype {}, expected {} or F32", dtype_name(word.dtype), dtype_name(out.dtype));
+  const int64_t hidden = check_embedding("embedding_forward", ids, types, positions, seq, word.dtype, word, "word",
                                          pos, "pos", type, "type");
   detail::expect_shape("embedding_forward", "out", out, {ids.numel(), hidden});
   if (be.dry_run) return;
-  // Two or three rows gathered per token, summed into one.
-  const double rows = type.data ? 4 : 3;
+  // Two or three table rows gathered per token, summed into one.
+  const double rows = type.data ? 3 : 2;
   detail::OpScope scope(be, "embedding_forward", OpClass::Elementwise,
-                        {0, detail::bytes(ids, types, positions) + rows * double(out.bytes())});
+                        {0, detail::bytes(ids, types, positions) + double(out.bytes()) +
+                                rows * double(out.numel()) * double(dtype_size(word.dtype))});
   be.embedding_forward(ids, types, positions, word, pos, type, seq, out);
 }
 

@@ -55,7 +55,7 @@ class AdamW final : public Optimizer {
       const Tensor& g = t.group_grads[size_t(r.group)];
       slices_.push_back({t.params.rows(r.begin, r.end), g.rows(r.begin - at, r.end - at), m_.rows(r.begin, r.end),
                          v_.rows(r.begin, r.end), r.decay ? weight_decay_ : 0.0,
-                         t.half.data ? t.half.rows(r.begin, r.end) : Tensor{}});
+                         t.half_rows(r.begin, r.end)});
     }
     ops::adamw(be, slices_.data(), int(slices_.size()), s, t.norm_coef);
   }

@@ -61,7 +61,7 @@ class Elementwise final : public Optimizer {
       const int64_t at = t.layout.groups()[size_t(r.group)].begin;
       slices_.push_back({t.params.rows(r.begin, r.end), t.group_grads[size_t(r.group)].rows(r.begin - at, r.end - at),
                          state_.data ? state_.rows(r.begin, r.end) : Tensor{}, r.decay,
-                         t.half.data ? t.half.rows(r.begin, r.end) : Tensor{}});
+                         t.half_rows(r.begin, r.end)});
     }
     ops::elementwise_optimizer(be, s_.kind, slices_.data(), int(slices_.size()),
                                t.scalars.rows(0, kElementwiseScalarsSize), t.norm_coef);

@@ -79,17 +79,31 @@ Tensor OptimizerTarget::grad(const ParamEntry& e) const {
   return group_grads[size_t(e.group)].rows(at, at + e.shape.numel());
 }
 
-Tensor OptimizerTarget::half_of(const ParamEntry& e) const {
-  return half.data ? half.rows(e.offset, e.offset + e.shape.numel()) : Tensor{};
+Tensor OptimizerTarget::half_rows(int64_t begin, int64_t end) const {
+  if (!half.data || end <= half_begin) return {};
+  HONE_CHECK(begin >= half_begin, "parameters [{}, {}) straddle the start of their half copy at {}", begin, end,
+             half_begin);
+  return half.rows(begin - half_begin, end - half_begin);
 }
+
+Tensor OptimizerTarget::half_of(const ParamEntry& e) const { return half_rows(e.offset, e.offset + e.shape.numel()); }
 
 std::vector<ParamRange> decay_ranges(const ParamLayout& layout) {
   std::vector<ParamRange> out;
   const auto& groups = layout.groups();
+  // A range ends where the embedding tables do: they may have no half copy (half_rows).
+  auto add = [&](int k, int64_t begin, int64_t end, bool decay) {
+    const int64_t cut = layout.tables_end();
+    if (begin < cut && cut < end) {
+      out.push_back({k, begin, cut, decay});
+      begin = cut;
+    }
+    if (begin < end) out.push_back({k, begin, end, decay});
+  };
   for (size_t k = 0; k < groups.size(); ++k) {
     const ParamGroup& g = groups[k];
-    if (g.begin < g.decayed_end) out.push_back({int(k), g.begin, g.decayed_end, true});
-    if (g.decayed_end < g.end) out.push_back({int(k), g.decayed_end, g.end, false});
+    add(int(k), g.begin, g.decayed_end, true);
+    add(int(k), g.decayed_end, g.end, false);
   }
   return out;
 }

@@ -206,6 +206,10 @@ void TrainingRun::setup(BufferSource& mem) {
   model_->bind_parameters(mem, persistent, compute_dtype(args_),
                           offload_ ? Category::HostMasterWeights : Category::MasterWeights,
                           phases_.train && !master_sharded_);
+  // Sharded and offloaded runs keep every parameter's half copy on the device (rank_range,
+  // offload_update): their master weights are not all here for the lookup to read.
+  HONE_CHECK(model_->half_begin() == 0 || (!master_sharded_ && !offload_),
+             "a sharded or offloaded run planned without a half copy of the embedding tables");
   if (sharding_.world_size > 1) {
     const int64_t chunk = int64_t(4) << 20;  // 16 MiB a collective: large enough to run at NVLink's speed
     exchange_ =
@@ -332,7 +336,7 @@ void TrainingRun::write_weights(const float* host) {
     return;
   }
   ops::copy(be_, host_tensor(host, DType::F32, model_->weights().shape), model_->weights());
-  if (model_->mixed()) ops::cast(be_, model_->weights(), model_->compute_weights());
+  model_->round_weights(be_);
   sync_host_master();
   be_.synchronize();
 }
@@ -420,7 +424,7 @@ void TrainingRun::broadcast_weights(int root) {
   Tensor& w = model_->weights().data ? model_->weights() : model_->compute_weights();
   comm_->broadcast(be_, w, root);
   comm_->wait_collectives(be_);
-  if (master_too) ops::cast(be_, model_->weights(), model_->compute_weights());
+  if (master_too) model_->round_weights(be_);
   be_.synchronize();
 }
 
@@ -525,8 +529,8 @@ void TrainingRun::init_weights(uint64_t seed) {
     Tensor half = rank_range(model_->compute_weights(), sharding_.rank);
     ops::cast(be_, master_shard_, half);
     share_updated_weights();
-  } else if (model_->mixed()) {
-    ops::cast(be_, model_->weights(), model_->compute_weights());
+  } else {
+    model_->round_weights(be_);
   }
   sync_host_master();
   be_.synchronize();
@@ -942,7 +946,9 @@ void TrainingRun::optimizer_body(BufferSource& mem) {
                                  model_->mixed() ? model_->compute_weights() : Tensor{},
                                  grad_list_,
                                  norm_coef_,
-                                 optimizer_scalars_};
+                                 optimizer_scalars_,
+                                 -1,
+                                 model_->half_begin()};
     optimizer_->update(be_, mem, target);
   }
   if (loss_scaling() && !be_.dry_run) {

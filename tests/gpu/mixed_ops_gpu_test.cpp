@@ -485,6 +485,37 @@ TEST_F(MixedOps, EmbeddingForwardGatherScatterRoundOrMoveBits) {
     }
 }
 
+// Mixed precision reads the tables from the F32 master weights: the lookup sums F32 values
+// (not rounded beforehand) and rounds once, into the compute dtype; with and without the
+// position table (ModernBERT has none).
+TEST_F(MixedOps, EmbeddingForwardFromF32TablesRoundsTheSumOnce) {
+  Backend& g = gpu();
+  for (DType t : kHalves)
+    for (const EmbeddingCase& c : kEmbeddingCases)
+      for (bool positions : {true, false}) {
+        const int64_t T = int64_t(c.batch) * c.seq, H = c.hidden;
+        const std::vector<int32_t> idv = token_ids(c), typev = random_ints(T, 2, 0, 2);
+        const std::vector<float> wv = uniform(c.vocab * H, 13), pv = uniform(c.positions * H, 14);
+        const std::vector<float> tv = uniform(2 * H, 15);
+        Dev ids(g, DType::I32, Shape{T}), types(g, DType::I32, Shape{T});
+        ids.upload_bytes(idv.data());
+        types.upload_bytes(typev.data());
+        Dev word(g, DType::F32, Shape{c.vocab, H}), pos(g, DType::F32, Shape{c.positions, H}),
+            type(g, DType::F32, Shape{2, H});
+        word.upload(wv);
+        pos.upload(pv);
+        type.upload(tv);
+        const Tensor pos_t = positions ? pos.t : Tensor{}, type_t = positions ? type.t : Tensor{};
+        const Tensor types_t = positions ? types.t : Tensor{};
+        Dev out32(g, DType::F32, Shape{T, H}), out(g, t, Shape{T, H});
+        g.embedding_forward(ids.t, types_t, Tensor{}, word.t, pos_t, type_t, c.seq, out32.t);
+        g.embedding_forward(ids.t, types_t, Tensor{}, word.t, pos_t, type_t, c.seq, out.t);
+        expect_rounded(fmt::format("embedding from F32 tables ({}, B={} S={} hidden={}{})", name(t), c.batch, c.seq, H,
+                                   positions ? "" : ", no positions"),
+                       out, out32.download());
+      }
+}
+
 TEST_F(MixedOps, EmbeddingBackwardAccumulatesHalfGradientsIntoF32) {
   Backend& g = gpu();
   for (DType t : kHalves)
