@@ -146,9 +146,10 @@ class SequenceClassifier {
                        Category master = Category::MasterWeights, bool keep_master = true);
   Tensor& weights() { return weights_; }  // the F32 parameters (empty: none kept)
   // What forward and backward read: the parameters, or their half-precision copy. The copy
-  // holds parameters [half_begin(), count): while the master weights are on this device,
-  // the embedding lookup reads its tables from them (as autocast does), which spares a copy
-  // of the largest tables (XLM-RoBERTa's: 46% of its parameters).
+  // holds parameters [half_begin(), count): where the master weights are kept (on this
+  // device, or offloaded to the host), the embedding lookup reads its tables from them (as
+  // autocast does), which spares a copy of the largest tables (XLM-RoBERTa's: 46% of its
+  // parameters). Sharded master weights and runs that only infer keep the whole copy.
   const Tensor& compute_weights() const { return mixed() ? half_weights_ : weights_; }
   Tensor& compute_weights() { return mixed() ? half_weights_ : weights_; }
   int64_t half_begin() const { return half_begin_; }

@@ -64,8 +64,9 @@ void SequenceClassifier::bind_parameters(BufferSource& mem, GroupRange persisten
   half_begin_ = 0;
   if (mixed()) {
     if (keep_master) weights_ = mem.take(master, "parameters", -1, DType::F32, {layout_.count()});
-    // Master weights in host memory (offload) are too far for the lookup to read.
-    if (keep_master && master == Category::MasterWeights) half_begin_ = layout_.tables_end();
+    // Offloaded master weights are page-locked host memory, which the lookup reads over the
+    // bus: a few rows a token.
+    if (keep_master) half_begin_ = layout_.tables_end();
     half_weights_ = mem.take(Category::Weights, compute == DType::BF16 ? "parameters_bf16" : "parameters_fp16", -1,
                              compute, {layout_.count() - half_begin_});
   } else {

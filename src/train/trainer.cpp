@@ -206,10 +206,10 @@ void TrainingRun::setup(BufferSource& mem) {
   model_->bind_parameters(mem, persistent, compute_dtype(args_),
                           offload_ ? Category::HostMasterWeights : Category::MasterWeights,
                           phases_.train && !master_sharded_);
-  // Sharded and offloaded runs keep every parameter's half copy on the device (rank_range,
-  // offload_update): their master weights are not all here for the lookup to read.
-  HONE_CHECK(model_->half_begin() == 0 || (!master_sharded_ && !offload_),
-             "a sharded or offloaded run planned without a half copy of the embedding tables");
+  // Sharded runs keep every parameter's half copy (rank_range): no rank holds all the master
+  // weights for the lookup to read.
+  HONE_CHECK(model_->half_begin() == 0 || !master_sharded_,
+             "a sharded run planned without a half copy of the embedding tables");
   if (sharding_.world_size > 1) {
     const int64_t chunk = int64_t(4) << 20;  // 16 MiB a collective: large enough to run at NVLink's speed
     exchange_ =
@@ -223,7 +223,8 @@ void TrainingRun::setup(BufferSource& mem) {
     optimizer_->take_state(host, model_->layout());
     const int64_t n = model_->layout().count();
     if (model_->mixed())
-      host_half_ = mem.take(Category::HostMasterWeights, "parameters_rounded", -1, model_->compute_dtype(), {n});
+      host_half_ = mem.take(Category::HostMasterWeights, "parameters_rounded", -1, model_->compute_dtype(),
+                            {n - model_->half_begin()});
     else
       host_master_ = mem.take(Category::HostMasterWeights, "parameters", -1, DType::F32, {n});
     host_grads_ = mem.take(Category::HostGradients, "parameter_grads", -1, DType::F32, {n});
@@ -989,12 +990,18 @@ Backend::Transfer TrainingRun::offload_update(BufferSource& mem) {
                                  host_group_grads_,
                                  host_norm_coef_,
                                  host_tensor(host_scalars_, DType::F32, {kOptimizerScalarsSize}),
-                                 k};
+                                 k,
+                                 mixed ? model_->half_begin() : 0};
     if (!be_.dry_run) be_.wait_transfer(grads);
     optimizer_->update(*host_be_, host, target);
+    // What forward reads of the group goes up: under mixed precision its rounded copy,
+    // which starts after the embedding tables (forward reads those from the host).
     const ParamGroup& g = model_->layout().groups()[size_t(k)];
-    Tensor dst = model_->compute_weights().rows(g.begin, g.end);
-    if (!be_.dry_run) up = be_.transfer_to_device(updated.rows(g.begin, g.end), dst);
+    const int64_t shift = mixed ? model_->half_begin() : 0, begin = std::max(g.begin, shift) - shift,
+                  end = g.end - shift;
+    if (end <= begin) continue;
+    Tensor dst = model_->compute_weights().rows(begin, end);
+    if (!be_.dry_run) up = be_.transfer_to_device(updated.rows(begin, end), dst);
   }
   sent_grads_.clear();
   return up;

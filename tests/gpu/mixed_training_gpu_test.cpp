@@ -52,11 +52,11 @@ class MixedGolden : public ::testing::TestWithParam<std::tuple<std::string, DTyp
 // Two things widen this for the other families' fixtures: DistilBERT's ReLU head, where a
 // pre-activation rounded across zero changes a logit by its whole value (bf16 logits 4.2e-2);
 // and Adam's steps of about lr whatever a gradient's size, which send an element whose
-// gradient is within rounding of zero the other way (fp16 word embeddings 1e-2, while
-// losses and gradient norms agree to 1e-4).
+// gradient is within rounding of zero the other way (fp16 word embeddings: xlm_roberta_reg's
+// 1.8e-2 on an H100, while losses and gradient norms agree to 1e-4).
 test::GoldenTolerances tolerances(DType t) {
   return t == DType::BF16 ? test::GoldenTolerances{5e-2, 2e-2, 8e-2, 5e-2, 1e-2}
-                          : test::GoldenTolerances{6e-3, 3e-3, 1.5e-2, 1.5e-2, 1e-3};
+                          : test::GoldenTolerances{6e-3, 3e-3, 1.5e-2, 2.5e-2, 1e-3};
 }
 
 TEST_P(MixedGolden, MatchesTransformersAtItsPrecision) {
@@ -274,7 +274,8 @@ TEST(MixedPrecision, Bf16LossCurveFollowsFp32) {
 }
 
 // The plan of a bf16 run on the GPU: the master weights are F32, the copy the model reads
-// half that, and each arena is allocated exactly as planned.
+// half that, less the embedding tables (read from the master weights), and each arena is
+// allocated exactly as planned.
 TEST(MixedPrecision, PlanSeparatesMasterWeightsAndIsAllocatedExactly) {
   SKIP_WITHOUT_MIXED_PRECISION();
   auto be = make_cuda_backend({});
@@ -284,18 +285,20 @@ TEST(MixedPrecision, PlanSeparatesMasterWeightsAndIsAllocatedExactly) {
   a.bf16 = true;
   TrainingRun run(a, c, 64, *be, GradientMemory::StepScoped);
   const MemoryPlan& plan = run.memory().plan();
-  const size_t n = size_t(run.model().layout().count());
+  const size_t n = size_t(run.model().layout().count()), tables = size_t(run.model().layout().tables_end());
   EXPECT_GE(plan.category_bytes[size_t(Category::MasterWeights)], 4 * n);
   EXPECT_LT(plan.category_bytes[size_t(Category::MasterWeights)], 4 * n + kBufferAlignment);
-  EXPECT_GE(plan.category_bytes[size_t(Category::Weights)], 2 * n);
-  EXPECT_LT(plan.category_bytes[size_t(Category::Weights)], 2 * n + kBufferAlignment);
+  EXPECT_GE(plan.category_bytes[size_t(Category::Weights)], 2 * (n - tables));
+  EXPECT_LT(plan.category_bytes[size_t(Category::Weights)], 2 * (n - tables) + kBufferAlignment);
   for (int k = 0; k < kNumCategories; ++k)
     EXPECT_EQ(run.memory().arena_bytes(Category(k)), plan.category_bytes[size_t(k)]) << category_name(Category(k));
 }
 
 // A run planned only for inference keeps its weights in the compute dtype alone, rounded
-// from the F32 weights on the host as the training run's cast rounds them: the same
-// logits, bit for bit, without the master copy.
+// from the F32 weights on the host as the training run's cast rounds them, without the
+// master copy. Its logits are the training run's but for the embeddings: training sums the
+// F32 tables and rounds once, inference sums rounded tables, which moves a logit by about
+// one step of the format.
 TEST(MixedPrecision, InferenceOnlyKeepsHalfWeightsAndTheSameLogits) {
   SKIP_WITHOUT_MIXED_PRECISION();
   auto be = make_cuda_backend({});
@@ -323,7 +326,9 @@ TEST(MixedPrecision, InferenceOnlyKeepsHalfWeightsAndTheSameLogits) {
     EXPECT_LT(infer.memory().arena_bytes(Category::Weights), 2 * w0.size() + kBufferAlignment) << name_of(t);
     infer.write_weights(w0.data());
     infer.infer(b, ForwardOutputs{inferred.data()});
-    EXPECT_EQ(inferred, trained) << name_of(t);
+    const float step = t == DType::BF16 ? 0x1p-8f : 0x1p-11f;  // relative spacing of the format
+    for (size_t i = 0; i < trained.size(); ++i)
+      EXPECT_NEAR(inferred[i], trained[i], 2 * step * std::abs(trained[i])) << name_of(t) << " logit " << i;
     EXPECT_THROW(infer.read_weights(w0.data()), Error) << name_of(t);
   }
 }
