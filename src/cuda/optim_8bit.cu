@@ -32,9 +32,11 @@ struct Optim8bitList {
 
 struct NoHalfCopy {};  // no rounded copy of the parameters to write
 
+// half null: this tensor has no copy (an embedding table, which forward reads in F32).
 template <typename H>
 __device__ __forceinline__ void store_half(void* half, int64_t i, float p) {
-  if constexpr (!std::is_same_v<H, NoHalfCopy>) static_cast<H*>(half)[i] = cuda::from_float<H>(p);
+  if constexpr (!std::is_same_v<H, NoHalfCopy>)
+    if (half) static_cast<H*>(half)[i] = cuda::from_float<H>(p);
 }
 
 // Lion when !kAdamW. H: the rounded copy's storage type, or NoHalfCopy.
@@ -147,8 +149,10 @@ void CudaBackend::optim_8bit(Optim8bitAlgo algo, const Optim8bitSlice* slices, i
     longest = std::max(longest, list.n[t]);
   }
   if (count == 0 || longest == 0) return;
-  // The ops wrapper checked that every slice has the same rounded copy, or none.
-  const DType half = slices[0].half.data ? slices[0].half.dtype : DType::F32;
+  // The ops wrapper checked that the slices with a rounded copy agree on its dtype.
+  DType half = DType::F32;
+  for (int t = 0; t < count; ++t)
+    if (slices[t].half.data) half = slices[t].half.dtype;
   if (algo == Optim8bitAlgo::AdamW)
     launch<true>(list, count, longest, half, scalars, qmaps, norm_coef, stream());
   else

@@ -69,6 +69,7 @@ void optim_8bit(Backend& be, Optim8bitAlgo algo, const Optim8bitSlice* slices, i
                 const Tensor& qmaps, const Tensor& norm_coef) {
   constexpr const char* op = "optim_8bit";
   const bool adamw = algo == Optim8bitAlgo::AdamW;
+  int with_copy = -1;  // the first slice with a rounded copy: the others' must share its dtype
   for (int i = 0; i < count; ++i) {
     const Optim8bitSlice& x = slices[i];
     detail::expect_dtype(op, "param", x.param, DType::F32);
@@ -90,9 +91,11 @@ void optim_8bit(Backend& be, Optim8bitAlgo algo, const Optim8bitSlice* slices, i
       if (x.half.dtype != DType::BF16 && x.half.dtype != DType::F16)
         fail("{}: half has dtype {}, expected BF16 or F16", op, dtype_name(x.half.dtype));
       detail::expect_shape(op, "half", x.half, x.param.shape);
+      // Slices without a copy (embedding tables) may sit beside those with one.
+      if (with_copy < 0) with_copy = i;
+      if (x.half.dtype != slices[with_copy].half.dtype)
+        fail("{}: slices {} and {} differ in the dtype of their rounded copy of the parameters", op, with_copy, i);
     }
-    if (x.half.shape.rank != slices[0].half.shape.rank || (x.half.shape.rank > 0 && x.half.dtype != slices[0].half.dtype))
-      fail("{}: slices 0 and {} differ in their rounded copy of the parameters", op, i);
   }
   detail::expect(op, "scalars", scalars, DType::F32, {kOptim8bitScalarsSize});
   detail::expect(op, "qmaps", qmaps, DType::F32, {(adamw ? 2 : 1) * bnb::kMapSize});
