@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -92,10 +93,14 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
 
 // Under bf16 ZeRO shards the fp32 master weights too; stage 1 reduces as plain data
 // parallel does, so it takes the same steps and saves the same model and checkpoint (whose
-// weights rank 0 gathers from the owners): equal but for the last bits that bf16 backward's
-// atomic sums (LayerNorm's parameter gradients) leave to chance from run to run, an ulp
-// or so here; a misplaced shard would differ by the weights' size. Stage 2
-// reduces to the owners, in another order: the losses of one GPU within bf16's rounding.
+// weights rank 0 gathers from the owners). One thing differs: with sharded master weights
+// no rank has all of the F32 embedding tables, so ZeRO's lookup reads their bf16 copy (as
+// DeepSpeed's bf16 model does) where plain data parallel reads the F32 tables (as
+// autocast does). The embeddings then differ by bf16's rounding, which Adam's steps of
+// about lr carry into the weights: 1-2% of each tensor after 8 steps on an H200, against
+// about 100% for a misplaced shard. The key biases are left out: their gradient is zero
+// in exact arithmetic, so both runs' are rounding noise. Stage 2 reduces to the owners, in
+// another order: the losses of one GPU within bf16's rounding.
 TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsModel) {
   std::string why;
   if (!two_gpus(&why, true)) GTEST_SKIP() << why;
@@ -113,6 +118,7 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
   launch("plain", "");
   const test::CommandResult zero1 = launch("zero1", "--zero_stage 1");
   EXPECT_NE(zero1.out.find("ZeRO stage 1"), std::string::npos) << zero1.out;
+  double worst = 0;
   auto expect_same_weights = [&](const std::string& file) {
     SCOPED_TRACE(file);
     const SafetensorsFile plain(tmp.path + "/plain/" + file), zero(tmp.path + "/zero1/" + file);
@@ -123,8 +129,10 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
       std::vector<float> a(size_t(e.numel())), b(size_t(e.numel()));
       plain.read_f32(e, a.data(), e.numel());
       zero.read_f32(*z, b.data(), e.numel());
-      for (size_t i = 0; i < a.size(); ++i)
-        ASSERT_NEAR(b[i], a[i], 1e-6 * std::max(1.0f, std::abs(a[i]))) << e.name << " [" << i << "]";
+      if (e.name.find("key.bias") != std::string::npos) continue;
+      const double err = test::norm_rel_error(b.data(), a.data(), e.numel());
+      worst = std::max(worst, err);
+      EXPECT_LT(err, 0.1) << e.name;
     }
   };
   const std::vector<double> plain = test::logged_losses(tmp.path + "/plain"), zero = test::logged_losses(tmp.path + "/zero1");
@@ -133,6 +141,7 @@ TEST(DataParallelGpu, ZeroInBf16ShardsMasterWeightsAndSavesPlainDataParallelsMod
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(zero[i], plain[i], 1e-3 * plain[i]) << "step " << i + 1;
   expect_same_weights("model.safetensors");
   expect_same_weights("checkpoint-3/model.safetensors");
+  std::printf("ZeRO-1 against plain data parallel in bf16: worst relative weight error %.2e\n", worst);
   SCOPED_TRACE("stage 2");
   expect_two_gpus_equal_one("--bf16", 2e-2, "--zero_stage 2");
 }
