@@ -953,6 +953,24 @@ TEST(OpsEmbedding, GatherAndScatterFirstTokens) {
   EXPECT_THROW(ops::gather_first_tokens(be, hidden.t, 3, wrong.t), Error);
 }
 
+// Packed rows and back: scatter_rows puts each row where gather_rows took it from and
+// zeroes the rest (the padding a packed training step scatters attention's inputs into).
+TEST(OpsEmbedding, ScatterRowsUndoesGatherRows) {
+  CpuBackend be;
+  HostTensor padded = random({6, 4}, 2), rows(DType::I32, {4}), packed(DType::F32, {4, 4});
+  const int32_t picked[] = {0, 1, 3, 4};
+  std::copy(picked, picked + 4, rows.i());
+  ops::gather_rows(be, padded.t, rows.t, packed.t);
+  HostTensor back = filled({6, 4}, 9.0f);
+  ops::scatter_rows(be, packed.t, rows.t, back.t);
+  for (int r = 0; r < 6; ++r)
+    for (int h = 0; h < 4; ++h)
+      EXPECT_EQ(back.f()[r * 4 + h], r == 2 || r == 5 ? 0.0f : padded.f()[r * 4 + h]) << r << " " << h;
+  HostTensor small(DType::F32, {3, 4});
+  EXPECT_THROW(ops::scatter_rows(be, packed.t, rows.t, small.t), Error);  // more rows than dst has
+  EXPECT_THROW(ops::scatter_rows(be, small.t, rows.t, back.t), Error);    // src is not [rows, W]
+}
+
 // ---------------------------------------------------------------------------- ModernBERT's ops
 
 TEST(OpsEmbedding, WithoutPositionTableTheWordRowsAlone) {

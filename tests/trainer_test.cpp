@@ -176,6 +176,7 @@ TEST(MemoryPlanOfRun, StepScopedGradientsReuseActivationMemory) {
 
 TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   CpuBackend be;
+  be.pack_training = false;  // the padded training forward: packed below
   ModelConfig c = small_config();
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
   const TrainingArguments a = small_args(4);
@@ -197,6 +198,12 @@ TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   // Packed (the default for these right-padded rows): the same up to the products' rounding.
   std::vector<float> packed(8);
   run.infer(b, ForwardOutputs{packed.data()});
+  for (size_t i = 0; i < packed.size(); ++i) EXPECT_NEAR(packed[i], trained[i], 1e-5 * std::abs(trained[i]) + 1e-7) << i;
+  // So does packed training's forward (the CPU's default).
+  CpuBackend packing;
+  TrainingRun packed_training(a, c, 16, packing, GradientMemory::Persistent, RunPhases{true, 6});
+  init_weights(c, packed_training.model().layout(), packed_training.host_weights(), 5);
+  packed_training.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 0, packed.data());
   for (size_t i = 0; i < packed.size(); ++i) EXPECT_NEAR(packed[i], trained[i], 1e-5 * std::abs(trained[i]) + 1e-7) << i;
   // A run planned for inference alone holds no gradients or optimizer state.
   TrainingRun infer_only(a, c, 16, be, GradientMemory::Persistent, RunPhases{false, 6});
@@ -413,6 +420,85 @@ INSTANTIATE_TEST_SUITE_P(Accumulation, GradientCheckpointing,
                          ::testing::Combine(::testing::Values(1, 2), ::testing::Values("bert", "modernbert")),
                          [](const auto& info) {
                            return std::get<1>(info.param) + "_accumulation_" + std::to_string(std::get<0>(info.param));
+                         });
+
+// Packed training runs the layers on a batch's attended tokens alone (attention and the
+// pooling in the padded layout): the losses, gradients and weights of the padded run within
+// fp32 rounding (the products sum fewer rows), for BERT and ModernBERT (rotary, a local
+// layer, mean pooling), with every checkpointing policy, on right-padded batches, dense
+// ones, and masks that cannot be packed (a hole, a row attending to nothing), which run
+// every row. Without dropout: the packed run draws its element-wise masks over the packed
+// rows.
+class PackedTraining : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(PackedTraining, EqualsThePaddedRun) {
+  const auto& [model_type, policy] = GetParam();
+  ModelConfig c = small_config();
+  if (model_type == "modernbert")
+    c = ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", 30522}, {"hidden_size", 24},
+                                {"num_attention_heads", 2}, {"intermediate_size", 40}, {"max_position_embeddings", 32},
+                                {"num_hidden_layers", 3}, {"global_attn_every_n_layers", 2}, {"local_attention", 6},
+                                {"classifier_pooling", "mean"}, {"pad_token_id", 0}},
+                               "modernbert");
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  c.classifier_dropout = 0.0f;
+  const TrainingArguments a = checkpointing_args(small_args(4), !policy.empty(), policy == "full" ? "" : policy.c_str());
+  const ParamLayout layout(c);
+  const size_t n = size_t(layout.count());
+  std::vector<float> w(n);
+  init_weights(c, layout, w.data(), 3);
+  CpuBackend packing, padding;
+  padding.pack_training = false;
+  TrainingRun packed(a, c, 16, packing, gradient_memory_for(a)), padded(a, c, 16, padding, gradient_memory_for(a));
+  auto planned = [](TrainingRun& run, const char* name) {
+    for (const PlannedBuffer& b : run.memory().plan().buffers)
+      if (b.name == name && b.phase == Phase::MicroStep) return true;
+    return false;
+  };
+  EXPECT_TRUE(planned(packed, "packed_rows"));
+  EXPECT_FALSE(planned(padded, "packed_rows"));
+  for (TrainingRun* run : {&packed, &padded}) {
+    run->write_weights(w.data());
+    run->memory().set_check_overlaps(true);
+  }
+  Rows r(4, 16, 11);  // rows of 16, 15, 14 and 13 attended tokens
+  std::vector<int32_t> dense(r.mask.size(), 1), holed = r.mask, empty = r.mask;
+  holed[3] = 0;                                            // row 0 attends to tokens 0-2 and 4-15
+  std::fill(empty.begin() + 16, empty.begin() + 32, 0);  // row 1 attends to nothing
+  const std::vector<int32_t>* masks[] = {&r.mask, &dense, &holed, &empty, &r.mask};
+  std::vector<float> want(n), got(n);
+  for (int step = 0; step < 5; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const int rows = step == 4 ? 3 : 4, seq = step == 4 ? 12 : 16;  // the last batch smaller and shorter
+    std::vector<int32_t> ids(size_t(rows * seq)), mask(ids.size()), types(ids.size());
+    for (int b = 0; b < rows; ++b)
+      for (int t = 0; t < seq; ++t) {
+        const size_t from = size_t(b * 16 + t), to = size_t(b * seq + t);
+        ids[to] = r.ids[from];
+        mask[to] = (*masks[step])[from];
+        types[to] = r.types[from];
+      }
+    const Batch batch{rows, seq, ids.data(), mask.data(), types.data(), r.labels.data(), {}};
+    for (TrainingRun* run : {&packed, &padded}) run->micro_step(batch, 1.0f, uint64_t(step));
+    padded.read_grads(want.data());
+    packed.read_grads(got.data());
+    EXPECT_LT(test::norm_rel_error(got.data(), want.data(), int64_t(n)), 1e-5);
+    const double loss = padded.take_loss_sum();
+    EXPECT_NEAR(packed.take_loss_sum(), loss, 1e-5 * std::abs(loss));
+    for (TrainingRun* run : {&packed, &padded}) run->optimizer_step(1e-3, step + 1);
+  }
+  padded.read_weights(want.data());
+  packed.read_weights(got.data());
+  EXPECT_LT(test::norm_rel_error(got.data(), want.data(), int64_t(n)), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, PackedTraining,
+                         ::testing::Combine(::testing::Values("bert", "modernbert"),
+                                            ::testing::Values("", "full", "selective")),
+                         [](const auto& info) {
+                           const std::string& policy = std::get<1>(info.param);
+                           return std::get<0>(info.param) + "_" + (policy.empty() ? "plain" : policy);
                          });
 
 // The plan holds what each policy keeps: full (one input per layer and one layer at a

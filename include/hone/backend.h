@@ -419,6 +419,9 @@ class Backend {
   virtual void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) = 0;
   // dst[i] = src[rows[i]] for whole rows: src [N, W], rows I32 [n] (each in [0, N)), dst [n, W].
   virtual void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
+  // Its inverse: dst[rows[i]] = src[i] and every other row of dst zero (src [n, W], rows
+  // distinct, dst [N, W]): packed rows back in the padded layout.
+  virtual void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
 
   // Inference on packed sequences: qkv [T, 3H] holds sequence b in rows row_start[b] ..
   // row_start[b + 1] - 1 (row_start: I32 [B + 1] in this backend's memory, from 0 to T), each
@@ -430,6 +433,10 @@ class Backend {
                                         Tensor& ctx, Tensor& workspace) = 0;
   // Whether attention_forward_packed runs these dims in this compute dtype.
   virtual bool packs_attention(const AttentionDims& d, DType t) const = 0;
+  // Whether training runs a batch's attended tokens alone (the model's packed training:
+  // products, norms and element-wise ops on the packed rows, attention in the padded
+  // layout). CUDA does not yet: its recorded steps have fixed shapes.
+  virtual bool packs_training() const { return false; }
 
   // Mean loss over the batch into loss[0] (F32) and its gradient times grad_scale into
   // dlogits, also times loss_scale[0] when loss_scale (the F32 scaler state) is given.

@@ -62,9 +62,12 @@ class CpuBackend final : public Backend {
   void mean_pool_packed(const Tensor& hidden, const Tensor& row_start, Tensor& out) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
+  void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,
                                 Tensor& workspace) override;
   bool packs_attention(const AttentionDims&, DType t) const override { return t == DType::F32; }
+  bool packs_training() const override { return pack_training; }
+  bool pack_training = true;  // false: train on the padded batch (tests compare the two)
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
                      Tensor& loss, Tensor& dlogits) override;

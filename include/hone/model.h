@@ -72,9 +72,10 @@ class ParamLayout {
 struct BatchTensors {
   int batch = 0, seq = 0;
   Tensor input_ids, attention_mask, token_type_ids, labels;
-  // Packed inference (tokens > 0): the encoder runs on the batch's `tokens` attended tokens
-  // alone, packed row after row: packed_rows (I32 [tokens]) holds each one's row in the
-  // padded [batch * seq] layout, row_start (I32 [batch + 1]) where each sequence starts.
+  // Packed (tokens > 0): the encoder runs on the batch's `tokens` attended tokens alone,
+  // packed row after row: packed_rows (I32 [tokens]) holds each one's row in the padded
+  // [batch * seq] layout, row_start (I32 [batch + 1]) where each sequence starts. Training
+  // may pack every row of a batch (tokens = batch * seq) whose mask it cannot pack.
   int64_t tokens = 0;
   Tensor packed_rows, row_start;
 };
@@ -214,8 +215,13 @@ class SequenceClassifier {
   struct Pass {
     const BatchTensors& batch;
     const DropoutState& drop;
-    int64_t tokens;  // batch x seq
+    int64_t tokens;  // batch x seq, or the packed batch's tokens
     AttentionDims ad;
+    // Packed training: the layers run on the packed rows, attention and the pooling in the
+    // padded layout (scattered there and gathered back), so that backward has what the
+    // padded batch's attention keeps.
+    bool packed_training = false;
+    bool packed() const { return batch.tokens > 0; }
   };
 
   // What backward reads besides the per-layer Saved buffers.
@@ -238,7 +244,7 @@ class SequenceClassifier {
   // The forward pass up to the logits (taken, not released). With keep_for_backward
   // false, layer buffers are released as soon as nothing later reads them.
   SavedHead run_forward(Backend& be, BufferSource& mem, const Pass& p, bool keep_for_backward, float* hidden_out);
-  Pass pass(const BatchTensors& batch, const DropoutState& drop) const;
+  Pass pass(const BatchTensors& batch, const DropoutState& drop, bool training = false) const;
   // Encoder layer l from its input x into saved_[l], taking every buffer: the forward
   // pass and the full recomputation run this one code.
   void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x);

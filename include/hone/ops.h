@@ -62,6 +62,7 @@ void mean_pool_packed(Backend& be, const Tensor& hidden, const Tensor& row_start
 void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out);
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
 void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);
+void scatter_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);
 void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
                               Tensor& ctx, Tensor& workspace);
 

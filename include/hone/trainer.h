@@ -194,6 +194,9 @@ class TrainingRun {
   // padding, fills packed_rows_ and row_start_ and returns its attended tokens; 0 for any
   // other mask.
   int64_t pack_rows(const int32_t* mask, int batch, int seq);
+  // Training's packing: pack_rows', or every row of the batch where that gives 0 (a mask it
+  // cannot pack, or no padding), so that every micro-step runs the planned packed path.
+  int64_t pack_training_rows(const int32_t* mask, int batch, int seq);
   // The batch's ids, mask and token types in activation memory (labels too when given).
   BatchTensors take_batch(BufferSource& mem, bool with_labels, int batch, int seq);
   // Inference: copied straight from the host.
@@ -300,6 +303,7 @@ class TrainingRun {
   // Packed inference: whether the backend packs attention here, and the host's packing of
   // the batch in flight (reserved for the largest batch).
   bool packs_ = false;
+  bool packs_training_ = false;  // training runs the attended tokens alone (Backend::packs_training)
   std::vector<int32_t> packed_rows_, row_start_;
   Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_scalars_, optimizer_scalars_;
   // The gradients of each group (the multi-tensor norm's list and the optimizer's

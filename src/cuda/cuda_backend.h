@@ -110,6 +110,7 @@ class CudaBackend final : public Backend {
   void mean_pool_packed(const Tensor& hidden, const Tensor& row_start, Tensor& out) override;
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
+  void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,
                                 Tensor& workspace) override;
   bool packs_attention(const AttentionDims& d, DType t) const override;

@@ -159,6 +159,16 @@ __global__ void gather_rows_kernel(const U* src, const int32_t* rows, int64_t n,
   }
 }
 
+// dst[rows[i]] = src[i] (the other rows zeroed beforehand)
+template <typename U>
+__global__ void scatter_rows_kernel(const U* src, const int32_t* rows, int64_t n, int64_t width, U* dst) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const U* s = src + i * width;
+    U* d = dst + int64_t(rows[i]) * width;
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+  }
+}
+
 // dhidden[r] = dout[r / seq] for r % seq == 0, else 0 (all-zero bits in every dtype):
 // one pass writes every row.
 template <typename U>
@@ -306,6 +316,20 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst
     using U = decltype(u);
     gather_rows_kernel<<<cuda::blocks_for_rows(n), cuda::kThreads, 0, stream()>>>(src.ptr<U>(), rows.ptr<int32_t>(),
                                                                                  n, units, dst.ptr<U>());
+    HONE_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void CudaBackend::scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const int64_t n = src.shape[0], width = dst.shape[1];
+  if (dst.numel() == 0) return;
+  HONE_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, dst.bytes(), stream()));
+  if (n == 0) return;
+  const bool aligned = cuda::aligned16(src.data) && cuda::aligned16(dst.data);
+  with_row_unit(src.dtype, width, aligned, "scatter_rows", [&](auto u, int64_t units) {
+    using U = decltype(u);
+    scatter_rows_kernel<<<cuda::blocks_for_rows(n), cuda::kThreads, 0, stream()>>>(src.ptr<U>(), rows.ptr<int32_t>(),
+                                                                                  n, units, dst.ptr<U>());
     HONE_CUDA_LAUNCH_CHECK();
   });
 }

@@ -158,11 +158,14 @@ DropoutSpec SequenceClassifier::head_dropout(const DropoutState& d, int k) const
   return dropout(d, cfg_.effective_classifier_dropout(), 3 * cfg_.num_hidden_layers + 1 + k);
 }
 
-SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch,
-                                                                         const DropoutState& drop) const {
-  return {batch, drop, batch.tokens > 0 ? batch.tokens : int64_t(batch.batch) * batch.seq,
+SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch, const DropoutState& drop,
+                                                  bool training) const {
+  return {batch,
+          drop,
+          batch.tokens > 0 ? batch.tokens : int64_t(batch.batch) * batch.seq,
           AttentionDims{batch.batch, batch.seq, cfg_.num_attention_heads, cfg_.head_dim(),
-                        1.0f / std::sqrt(float(cfg_.head_dim()))}};
+                        1.0f / std::sqrt(float(cfg_.head_dim()))},
+          training && batch.tokens > 0};
 }
 
 void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
@@ -170,10 +173,20 @@ void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p
   const AttentionDims d = dims(p, l);
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(d, compute_)});
-  if (p.batch.tokens > 0)
+  if (p.packed_training) {  // in the padded layout, as the padded batch's attention
+    const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
+    Tensor padded_qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), padded_ctx = scratch(mem, "padded_context", {rows, H});
+    ops::scatter_rows(be, qkv, p.batch.packed_rows, padded_qkv);
+    ops::attention_forward(be, padded_qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats, keep,
+                           padded_ctx, ws);
+    ops::gather_rows(be, padded_ctx, p.batch.packed_rows, ctx);
+    mem.release(padded_ctx);
+    mem.release(padded_qkv);
+  } else if (p.packed()) {
     ops::attention_forward_packed(be, qkv, p.batch.row_start, d, ctx, ws);
-  else
+  } else {
     ops::attention_forward(be, qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
+  }
   mem.release(ws);
 }
 
@@ -187,7 +200,7 @@ Tensor SequenceClassifier::attention_keep(const Backend& be, BufferSource& mem, 
 
 void SequenceClassifier::saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l) {
   Saved& s = saved_[l];
-  if (p.batch.tokens == 0) {  // packed inference keeps nothing for a backward
+  if (!p.packed() || p.packed_training) {  // packed inference keeps nothing for a backward
     s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
     s.attn_keep = attention_keep(be, mem, p, l, Category::Activations, "attention_dropout_mask");
   } else {
@@ -213,8 +226,22 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
   const AttentionDims d = dims(p, l);
   Tensor ws =
       mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {be.attention_workspace_elems(d, compute_)});
-  ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
-                          layer_dropout(p.drop, l, 0), d_qkv, ws);
+  if (p.packed_training) {  // in the padded layout, as the forward ran it
+    const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
+    const Tensor& packed_rows = p.batch.packed_rows;
+    Tensor qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), ctx = scratch(mem, "padded_context", {rows, H});
+    Tensor dctx = scratch(mem, "padded_context_grad", {rows, H}), dqkv = scratch(mem, "padded_qkv_grad", {rows, 3 * H});
+    ops::scatter_rows(be, s.qkv, packed_rows, qkv);
+    ops::scatter_rows(be, s.ctx, packed_rows, ctx);
+    ops::scatter_rows(be, d_ctx, packed_rows, dctx);
+    ops::attention_backward(be, dctx, qkv, ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
+                            layer_dropout(p.drop, l, 0), dqkv, ws);
+    ops::gather_rows(be, dqkv, packed_rows, d_qkv);
+    for (const Tensor* t : {&dqkv, &dctx, &ctx, &qkv}) mem.release(*t);
+  } else {
+    ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
+                            layer_dropout(p.drop, l, 0), d_qkv, ws);
+  }
   mem.release(ws);
   mem.release(d_ctx);
   mem.release(s.ctx);
@@ -343,7 +370,13 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   HONE_CHECK(!packed || !hidden_out, "the last hidden state of a packed batch is not in the padded layout");
   if (hidden_out && !be.dry_run) be.read(*last, hidden_out, size_t(T * H));
   h.cls_tok = activation(mem, "cls_token", -1, {B, H});
-  if (cfg_.classifier_pooling == "mean" && packed) {
+  if (p.packed_training) {  // pooled in the padded layout, which a batch packed row by row also has
+    Tensor padded = scratch(mem, "padded_last_hidden", {int64_t(B) * S, H});
+    ops::scatter_rows(be, *last, p.batch.packed_rows, padded);
+    if (cfg_.classifier_pooling == "mean") ops::mean_pool_forward(be, padded, p.batch.attention_mask, h.cls_tok);
+    else ops::gather_first_tokens(be, padded, S, h.cls_tok);
+    mem.release(padded);
+  } else if (cfg_.classifier_pooling == "mean" && packed) {
     ops::mean_pool_packed(be, *last, p.batch.row_start, h.cls_tok);  // a packed sequence is its attended tokens
   } else if (cfg_.classifier_pooling == "mean") {
     ops::mean_pool_forward(be, *last, p.batch.attention_mask, h.cls_tok);
@@ -453,7 +486,7 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
                                           Tensor& loss, float* logits_out) {
   const int B = batch.batch, S = batch.seq, L = cfg_.num_hidden_layers;
   const int64_t H = cfg_.hidden_size, C = cfg_.num_labels, E = cfg_.embedding_width();
-  const Pass p = pass(batch, drop);
+  const Pass p = pass(batch, drop, true);
 
   SavedHead h = run_forward(be, mem, p, true, nullptr);
   if (logits_out && !be.dry_run) be.read(h.logits, logits_out, size_t(B * C));
@@ -477,10 +510,17 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   head_backward(be, mem, p, h, d_pooled, d_tok);
   mem.release(d_pooled);
   Tensor dh = scratch(mem, "hidden_grad", {p.tokens, H});  // gradient flowing down the layers
-  if (cfg_.classifier_pooling == "mean")
-    ops::mean_pool_backward(be, d_tok, batch.attention_mask, dh);
-  else
-    ops::scatter_first_tokens(be, d_tok, S, dh);
+  {
+    Tensor padded = p.packed() ? scratch(mem, "padded_hidden_grad", {int64_t(B) * S, H}) : dh;
+    if (cfg_.classifier_pooling == "mean")
+      ops::mean_pool_backward(be, d_tok, batch.attention_mask, padded);
+    else
+      ops::scatter_first_tokens(be, d_tok, S, padded);
+    if (p.packed()) {
+      ops::gather_rows(be, padded, batch.packed_rows, dh);
+      mem.release(padded);
+    }
+  }
   mem.release(d_tok);
   if (final_norm_.g) {  // in place: dh becomes the gradient of the last layer's output
     Tensor gg = g(final_norm_.g), gb = opt_g(final_norm_.b);
@@ -517,6 +557,12 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   mem.release(h.emb_sum);
   mem.release(h.emb_mean);
   mem.release(h.emb_rstd);
+  if (p.packed()) {  // the embeddings ran in the padded layout
+    Tensor padded = scratch(mem, "padded_embeddings_grad", {int64_t(B) * S, E});
+    ops::scatter_rows(be, d_emb, batch.packed_rows, padded);
+    mem.release(d_emb);
+    d_emb = padded;
+  }
   ops::embedding_backward(be, d_emb, batch.input_ids, token_types(batch), h.positions, S, gword, gpos, gtype);
   mem.release(d_emb);
   release_if_taken(mem, h.positions);

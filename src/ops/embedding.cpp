@@ -171,6 +171,19 @@ void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst
   be.gather_rows(src, rows, dst);
 }
 
+void scatter_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const char* op = "scatter_rows";
+  detail::expect_rank(op, "dst", dst, 2);
+  detail::expect_rank(op, "rows", rows, 1);
+  detail::expect_dtype(op, "rows", rows, DType::I32);
+  detail::expect(op, "src", src, dst.dtype, {rows.shape[0], dst.shape[1]});
+  if (rows.shape[0] > dst.shape[0])
+    fail("{}: {} rows do not fit dst of shape {}", op, rows.shape[0], dst.shape.str());
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Copy, {0, detail::bytes(rows, src, dst)});
+  be.scatter_rows(src, rows, dst);
+}
+
 }  // namespace ops
 
 namespace {
@@ -340,6 +353,16 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst)
   char* to = static_cast<char*>(dst.data);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows.numel(); ++i) std::memcpy(to + size_t(i) * row_bytes, from + size_t(r[i]) * row_bytes, row_bytes);
+}
+
+void CpuBackend::scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) {
+  const size_t row_bytes = dst.bytes() / size_t(dst.shape[0]);
+  const int32_t* r = rows.ptr<int32_t>();
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+  std::memset(to, 0, dst.bytes());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows.numel(); ++i) std::memcpy(to + size_t(r[i]) * row_bytes, from + size_t(i) * row_bytes, row_bytes);
 }
 
 void CpuBackend::scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) {

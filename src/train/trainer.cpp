@@ -1,6 +1,7 @@
 #include "hone/trainer.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cstring>
 #include <cmath>
 
@@ -98,6 +99,11 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
              : fmt::format(", {} tokens after the padding index", c.max_sequence_length()));
   model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
+  packs_training_ = phases_.train && be_.packs_training();
+  if (packs_training_) {
+    packed_rows_.reserve(size_t(a.per_device_train_batch_size) * size_t(seq_len));
+    row_start_.reserve(size_t(a.per_device_train_batch_size) + 1);
+  }
   if (phases_.infer_batch > 0) {
     const AttentionDims widest{phases_.infer_batch, seq_len, c.num_attention_heads, c.head_dim(), 1.0f};
     packs_ = be_.packs_attention(widest, compute_dtype(a));
@@ -770,6 +776,15 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   BatchTensors b = take_batch(mem, true, batch, seq);
   Tensor step = mem.take(Category::Activations, "dropout_step", -1, DType::I64, {1});
   if (!be_.dry_run) stage_batch(ids, mask, types, labels, dropout_step, b, step);
+  if (packs_training_) {  // planned with every row: the most a packed batch holds
+    b.tokens = be_.dry_run ? int64_t(batch) * seq : pack_training_rows(mask, batch, seq);
+    b.packed_rows = mem.take(Category::Activations, "packed_rows", -1, DType::I32, {b.tokens});
+    b.row_start = mem.take(Category::Activations, "row_start", -1, DType::I32, {batch + 1});
+    if (!be_.dry_run) {
+      ops::copy(be_, host_tensor(packed_rows_.data(), DType::I32, {b.tokens}), b.packed_rows);
+      ops::copy(be_, host_tensor(row_start_.data(), DType::I32, {batch + 1}), b.row_start);
+    }
+  }
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
   run_as(last_micro_mode_, last_micro_, &StepGraphs::micro, [&] {
     model_->forward_backward(be_, mem, b, DropoutState{args_.seed, true, step.ptr<int64_t>()},
@@ -781,6 +796,10 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   reducing_grads_ = false;
   if (last_micro_) last_micro_->inputs = b, last_micro_->step = step;
   mem.release(loss);
+  if (packs_training_) {
+    mem.release(b.packed_rows);
+    mem.release(b.row_start);
+  }
   for (Tensor* t : {&b.input_ids, &b.attention_mask, &b.token_type_ids, &b.labels, &step}) mem.release(*t);
   if (scoped_grads_)
     step_open_ = true;
@@ -828,6 +847,16 @@ int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
   }
   // No padding to leave out: the padded kernels run the same rows.
   return int64_t(packed_rows_.size()) < int64_t(batch) * seq ? int64_t(packed_rows_.size()) : 0;
+}
+
+int64_t TrainingRun::pack_training_rows(const int32_t* mask, int batch, int seq) {
+  const int64_t tokens = pack_rows(mask, batch, seq);
+  if (tokens > 0) return tokens;
+  packed_rows_.resize(size_t(batch) * size_t(seq));
+  std::iota(packed_rows_.begin(), packed_rows_.end(), 0);
+  row_start_.resize(size_t(batch) + 1);
+  for (int b = 0; b <= batch; ++b) row_start_[size_t(b)] = b * seq;
+  return int64_t(batch) * seq;
 }
 
 void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,

@@ -434,11 +434,19 @@ TEST_F(GpuOps, EmbeddingGatherScatterMatchCpu) {
     Both dtype(g, random({2, c.hidden}, 9));
     Both first(g, nans({c.batch, c.hidden})), dfirst(g, random({c.batch, c.hidden}, 10));
     Both dhidden(g, nans({T, c.hidden}));
+    // Packed rows (every row but each sequence's last three) and back into a padded buffer.
+    HostTensor rows_host(DType::I32, {T - 3 * c.batch});
+    for (int64_t t = 0, k = 0; t < T; ++t)
+      if (t % c.seq < c.seq - 3) rows_host.i()[k++] = int32_t(t);
+    const int64_t packed_rows = rows_host.t.numel();
+    Both rows(g, std::move(rows_host)), packed(g, nans({packed_rows, c.hidden})), scattered(g, nans({T, c.hidden}));
     for (auto [be, s] : sides()) {
       ops::embedding_forward(*be, ids[s], types[s], Tensor{}, word[s], pos[s], type[s], c.seq, out[s]);
       ops::embedding_backward(*be, dout[s], ids[s], types[s], Tensor{}, c.seq, dword[s], dpos[s], dtype[s]);
       ops::gather_first_tokens(*be, dout[s], c.seq, first[s]);
       ops::scatter_first_tokens(*be, dfirst[s], c.seq, dhidden[s]);
+      ops::gather_rows(*be, dout[s], rows[s], packed[s]);
+      ops::scatter_rows(*be, packed[s], rows[s], scattered[s]);
     }
     const std::string at = fmt::format(" (B={} S={} hidden={})", c.batch, c.seq, c.hidden);
     expect_close("out" + at, out, kFp32Tol);
@@ -447,6 +455,8 @@ TEST_F(GpuOps, EmbeddingGatherScatterMatchCpu) {
     expect_close("dtype" + at, dtype, kFp32Tol);
     expect_same("gather_first_tokens" + at, first);
     expect_same("scatter_first_tokens" + at, dhidden);
+    expect_same("gather_rows" + at, packed);
+    expect_same("scatter_rows" + at, scattered);
   }
 }
 
