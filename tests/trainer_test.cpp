@@ -91,12 +91,14 @@ TEST(MemoryPlanOfRun, EstimateEqualsPlanEqualsAllocation) {
   // Saved activations: per layer qkv (3H), context, two residual sums, attention output
   // (H each), FFN pre-activation (I), layer output (H), two softmax statistics per head
   // and query (no [S, S] probabilities) and four LayerNorm statistics per token, for
-  // B x S tokens; buffers are 256-byte aligned.
+  // B x S tokens, and the packing of the batch (its rows and where each sequence starts:
+  // the CPU trains packed); buffers are 256-byte aligned.
   const int64_t B = 4, S = 16, T = B * S, H = 24, I = 40;
   size_t layer = aligned(4 * T * 3 * H) + aligned(4 * B * 2 * S * 2) + 5 * aligned(4 * T * H) + aligned(4 * T * I) +
                  4 * aligned(4 * T);
   size_t saved = 2 * layer + 2 * aligned(4 * T * H) + 2 * aligned(4 * T) + 3 * aligned(4 * B * H) +
-                 3 * aligned(4 * T) + aligned(4 * B) + aligned(8);  // embeddings, head, inputs, dropout step
+                 3 * aligned(4 * T) + aligned(4 * B) + aligned(8) +  // embeddings, head, inputs, dropout step
+                 aligned(4 * T) + aligned(4 * (B + 1));              // packed rows, row starts
   EXPECT_EQ(estimate.unshared_bytes()[size_t(Category::Activations)], saved);
   // Sharing: the plan costs less than its buffers laid end to end.
   EXPECT_LT(estimate.category_bytes[size_t(Category::Workspace)],

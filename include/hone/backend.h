@@ -435,7 +435,8 @@ class Backend {
   virtual bool packs_attention(const AttentionDims& d, DType t) const = 0;
   // Whether training runs a batch's attended tokens alone (the model's packed training:
   // products, norms and element-wise ops on the packed rows, attention in the padded
-  // layout). CUDA does not yet: its recorded steps have fixed shapes.
+  // layout). Not CUDA yet: a recorded step replays a fixed number of rows, and a step
+  // that packs only when it is not replayed would draw other dropout masks than one that is.
   virtual bool packs_training() const { return false; }
 
   // Mean loss over the batch into loss[0] (F32) and its gradient times grad_scale into

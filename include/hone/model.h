@@ -222,6 +222,9 @@ class SequenceClassifier {
     // padded batch's attention keeps.
     bool packed_training = false;
     bool packed() const { return batch.tokens > 0; }
+    // Packed with every row (a batch without padding, or a mask that cannot be packed):
+    // the packed and padded layouts are one.
+    bool every_row() const { return tokens == int64_t(ad.batch) * ad.seq; }
   };
 
   // What backward reads besides the per-layer Saved buffers.

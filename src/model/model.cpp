@@ -176,10 +176,11 @@ void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p
   if (p.packed_training) {  // in the padded layout, as the padded batch's attention
     const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
     Tensor padded_qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), padded_ctx = scratch(mem, "padded_context", {rows, H});
-    ops::scatter_rows(be, qkv, p.batch.packed_rows, padded_qkv);
-    ops::attention_forward(be, padded_qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats, keep,
-                           padded_ctx, ws);
-    ops::gather_rows(be, padded_ctx, p.batch.packed_rows, ctx);
+    const bool copy = !p.every_row();  // every row packed: the layouts are one (the buffers, planned, stay unused)
+    if (copy) ops::scatter_rows(be, qkv, p.batch.packed_rows, padded_qkv);
+    ops::attention_forward(be, copy ? padded_qkv : qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats,
+                           keep, copy ? padded_ctx : ctx, ws);
+    if (copy) ops::gather_rows(be, padded_ctx, p.batch.packed_rows, ctx);
     mem.release(padded_ctx);
     mem.release(padded_qkv);
   } else if (p.packed()) {
@@ -231,12 +232,17 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
     const Tensor& packed_rows = p.batch.packed_rows;
     Tensor qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), ctx = scratch(mem, "padded_context", {rows, H});
     Tensor dctx = scratch(mem, "padded_context_grad", {rows, H}), dqkv = scratch(mem, "padded_qkv_grad", {rows, 3 * H});
-    ops::scatter_rows(be, s.qkv, packed_rows, qkv);
-    ops::scatter_rows(be, s.ctx, packed_rows, ctx);
-    ops::scatter_rows(be, d_ctx, packed_rows, dctx);
-    ops::attention_backward(be, dctx, qkv, ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
-                            layer_dropout(p.drop, l, 0), dqkv, ws);
-    ops::gather_rows(be, dqkv, packed_rows, d_qkv);
+    if (p.every_row()) {  // the layouts are one
+      ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
+                              layer_dropout(p.drop, l, 0), d_qkv, ws);
+    } else {
+      ops::scatter_rows(be, s.qkv, packed_rows, qkv);
+      ops::scatter_rows(be, s.ctx, packed_rows, ctx);
+      ops::scatter_rows(be, d_ctx, packed_rows, dctx);
+      ops::attention_backward(be, dctx, qkv, ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
+                              layer_dropout(p.drop, l, 0), dqkv, ws);
+      ops::gather_rows(be, dqkv, packed_rows, d_qkv);
+    }
     for (const Tensor* t : {&dqkv, &dctx, &ctx, &qkv}) mem.release(*t);
   } else {
     ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
@@ -372,9 +378,10 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   h.cls_tok = activation(mem, "cls_token", -1, {B, H});
   if (p.packed_training) {  // pooled in the padded layout, which a batch packed row by row also has
     Tensor padded = scratch(mem, "padded_last_hidden", {int64_t(B) * S, H});
-    ops::scatter_rows(be, *last, p.batch.packed_rows, padded);
-    if (cfg_.classifier_pooling == "mean") ops::mean_pool_forward(be, padded, p.batch.attention_mask, h.cls_tok);
-    else ops::gather_first_tokens(be, padded, S, h.cls_tok);
+    if (!p.every_row()) ops::scatter_rows(be, *last, p.batch.packed_rows, padded);
+    const Tensor& hidden = p.every_row() ? *last : padded;
+    if (cfg_.classifier_pooling == "mean") ops::mean_pool_forward(be, hidden, p.batch.attention_mask, h.cls_tok);
+    else ops::gather_first_tokens(be, hidden, S, h.cls_tok);
     mem.release(padded);
   } else if (cfg_.classifier_pooling == "mean" && packed) {
     ops::mean_pool_packed(be, *last, p.batch.row_start, h.cls_tok);  // a packed sequence is its attended tokens
@@ -512,14 +519,13 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   Tensor dh = scratch(mem, "hidden_grad", {p.tokens, H});  // gradient flowing down the layers
   {
     Tensor padded = p.packed() ? scratch(mem, "padded_hidden_grad", {int64_t(B) * S, H}) : dh;
+    const bool copy = p.packed() && !p.every_row();
     if (cfg_.classifier_pooling == "mean")
-      ops::mean_pool_backward(be, d_tok, batch.attention_mask, padded);
+      ops::mean_pool_backward(be, d_tok, batch.attention_mask, copy ? padded : dh);
     else
-      ops::scatter_first_tokens(be, d_tok, S, padded);
-    if (p.packed()) {
-      ops::gather_rows(be, padded, batch.packed_rows, dh);
-      mem.release(padded);
-    }
+      ops::scatter_first_tokens(be, d_tok, S, copy ? padded : dh);
+    if (copy) ops::gather_rows(be, padded, batch.packed_rows, dh);
+    if (p.packed()) mem.release(padded);
   }
   mem.release(d_tok);
   if (final_norm_.g) {  // in place: dh becomes the gradient of the last layer's output
@@ -557,13 +563,13 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   mem.release(h.emb_sum);
   mem.release(h.emb_mean);
   mem.release(h.emb_rstd);
-  if (p.packed()) {  // the embeddings ran in the padded layout
-    Tensor padded = scratch(mem, "padded_embeddings_grad", {int64_t(B) * S, E});
-    ops::scatter_rows(be, d_emb, batch.packed_rows, padded);
-    mem.release(d_emb);
-    d_emb = padded;
-  }
-  ops::embedding_backward(be, d_emb, batch.input_ids, token_types(batch), h.positions, S, gword, gpos, gtype);
+  // The embeddings ran in the padded layout: a packed batch's gradient goes back there.
+  Tensor padded = p.packed() ? scratch(mem, "padded_embeddings_grad", {int64_t(B) * S, E}) : Tensor{};
+  const bool copy = p.packed() && !p.every_row();
+  if (copy) ops::scatter_rows(be, d_emb, batch.packed_rows, padded);
+  ops::embedding_backward(be, copy ? padded : d_emb, batch.input_ids, token_types(batch), h.positions, S, gword, gpos,
+                          gtype);
+  release_if_taken(mem, padded);
   mem.release(d_emb);
   release_if_taken(mem, h.positions);
   group_grads_done(be, mem, 0);
