@@ -433,10 +433,10 @@ class Backend {
                                         Tensor& ctx, Tensor& workspace) = 0;
   // Whether attention_forward_packed runs these dims in this compute dtype.
   virtual bool packs_attention(const AttentionDims& d, DType t) const = 0;
-  // Whether training runs a batch's attended tokens alone (the model's packed training:
+  // Whether training may run a batch's attended tokens alone (the model's packed training:
   // products, norms and element-wise ops on the packed rows, attention in the padded
-  // layout). Not CUDA yet: a recorded step replays a fixed number of rows, and a step
-  // that packs only when it is not replayed would draw other dropout masks than one that is.
+  // layout). A backend that records steps packs only runs whose steps are too large for
+  // recording to pay (TrainingRun::kPackedTrainingTokens).
   virtual bool packs_training() const { return false; }
 
   // Mean loss over the batch into loss[0] (F32) and its gradient times grad_scale into

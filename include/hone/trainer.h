@@ -303,7 +303,13 @@ class TrainingRun {
   // Packed inference: whether the backend packs attention here, and the host's packing of
   // the batch in flight (reserved for the largest batch).
   bool packs_ = false;
-  bool packs_training_ = false;  // training runs the attended tokens alone (Backend::packs_training)
+  // Training runs the attended tokens alone (Backend::packs_training). A recorded step
+  // replays a fixed number of rows, so a backend that records packs the runs whose
+  // micro-steps hold at least kPackedTrainingTokens (where a step's launches cost little
+  // beside its work) and records the others: decided by shape alone, so that eager and
+  // replayed steps of a shape draw the same dropout masks.
+  static constexpr int64_t kPackedTrainingTokens = 4096;
+  bool packs_training_ = false;
   std::vector<int32_t> packed_rows_, row_start_;
   Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_scalars_, optimizer_scalars_;
   // The gradients of each group (the multi-tensor norm's list and the optimizer's

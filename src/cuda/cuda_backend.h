@@ -114,6 +114,7 @@ class CudaBackend final : public Backend {
   void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,
                                 Tensor& workspace) override;
   bool packs_attention(const AttentionDims& d, DType t) const override;
+  bool packs_training() const override { return true; }
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
                      Tensor& loss, Tensor& dlogits) override;

@@ -99,7 +99,8 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
              : fmt::format(", {} tokens after the padding index", c.max_sequence_length()));
   model_->set_checkpointing(checkpointing_for(a));
   grad_list_.reserve(model_->layout().groups().size());
-  packs_training_ = phases_.train && be_.packs_training();
+  packs_training_ = phases_.train && be_.packs_training() &&
+                    (!be_.can_record() || int64_t(a.per_device_train_batch_size) * seq_len >= kPackedTrainingTokens);
   if (packs_training_) {
     packed_rows_.reserve(size_t(a.per_device_train_batch_size) * size_t(seq_len));
     row_start_.reserve(size_t(a.per_device_train_batch_size) + 1);
@@ -759,8 +760,9 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
   reducing_grads_ = comm_->group().distributed() && !be_.dry_run && (window_ends || shards_grads());
   // Logits for the host are read eagerly; so are shapes past the recordings' cap.
   // An offloaded update after each micro-step runs on the host: no recordings then.
+  // Packed steps change their number of rows: never recorded.
   if (args_.cuda_graphs && be_.can_record() && !be_.dry_run && !logits_out && !(offload_ && scoped_grads_) &&
-      !sending_grads_ && !reducing_grads_) {
+      !sending_grads_ && !reducing_grads_ && !packs_training_) {
     last_micro_ = &micro_graphs_[std::tuple{batch, seq, grad_scale}];
     last_micro_mode_ = next_mode(*last_micro_, recorded_shapes_);
   }
