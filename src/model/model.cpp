@@ -376,14 +376,8 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   HONE_CHECK(!packed || !hidden_out, "the last hidden state of a packed batch is not in the padded layout");
   if (hidden_out && !be.dry_run) be.read(*last, hidden_out, size_t(T * H));
   h.cls_tok = activation(mem, "cls_token", -1, {B, H});
-  if (p.packed_training) {  // pooled in the padded layout, which a batch packed row by row also has
-    Tensor padded = scratch(mem, "padded_last_hidden", {int64_t(B) * S, H});
-    if (!p.every_row()) ops::scatter_rows(be, *last, p.batch.packed_rows, padded);
-    const Tensor& hidden = p.every_row() ? *last : padded;
-    if (cfg_.classifier_pooling == "mean") ops::mean_pool_forward(be, hidden, p.batch.attention_mask, h.cls_tok);
-    else ops::gather_first_tokens(be, hidden, S, h.cls_tok);
-    mem.release(padded);
-  } else if (cfg_.classifier_pooling == "mean" && packed) {
+  // A batch packed with every row is in the padded layout, whose mask may have holes.
+  if (cfg_.classifier_pooling == "mean" && packed && !p.every_row()) {
     ops::mean_pool_packed(be, *last, p.batch.row_start, h.cls_tok);  // a packed sequence is its attended tokens
   } else if (cfg_.classifier_pooling == "mean") {
     ops::mean_pool_forward(be, *last, p.batch.attention_mask, h.cls_tok);
@@ -517,15 +511,16 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
   head_backward(be, mem, p, h, d_pooled, d_tok);
   mem.release(d_pooled);
   Tensor dh = scratch(mem, "hidden_grad", {p.tokens, H});  // gradient flowing down the layers
-  {
-    Tensor padded = p.packed() ? scratch(mem, "padded_hidden_grad", {int64_t(B) * S, H}) : dh;
+  if (cfg_.classifier_pooling == "mean") {  // a packed batch's through the padded layout
+    Tensor padded = p.packed() ? scratch(mem, "padded_hidden_grad", {int64_t(B) * S, H}) : Tensor{};
     const bool copy = p.packed() && !p.every_row();
-    if (cfg_.classifier_pooling == "mean")
-      ops::mean_pool_backward(be, d_tok, batch.attention_mask, copy ? padded : dh);
-    else
-      ops::scatter_first_tokens(be, d_tok, S, copy ? padded : dh);
+    ops::mean_pool_backward(be, d_tok, batch.attention_mask, copy ? padded : dh);
     if (copy) ops::gather_rows(be, padded, batch.packed_rows, dh);
-    if (p.packed()) mem.release(padded);
+    release_if_taken(mem, padded);
+  } else if (p.packed()) {
+    ops::scatter_rows(be, d_tok, batch.row_start.rows(0, B), dh);  // each sequence's first row
+  } else {
+    ops::scatter_first_tokens(be, d_tok, S, dh);
   }
   mem.release(d_tok);
   if (final_norm_.g) {  // in place: dh becomes the gradient of the last layer's output
