@@ -198,19 +198,25 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(pre.f()[i], pre1.f()[i]);
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(y.f()[i], y1.f()[i]);
 
-  // Backward of a product reading act(pre) [M, N] with weights w2 [K, N].
+  // Backward of a product reading act(pre) [M, N] with weights w2 [K, N]: the fused pass
+  // (one erf or tanh per element) gives the unfused ops' bits for every activation.
   HostTensor dy = random({M, K}, 4), w2 = random({K, N}, 6);
+  for (const Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+    SCOPED_TRACE(int(a));
+    HostTensor act = filled({M, N}, 0.0f), dpre = filled({M, N}, 0.0f), dw = filled({K, N}, 1.0f),
+               db = filled({K}, 2.0f);
+    HostTensor act1 = filled({M, N}, 0.0f), dpre1 = filled({M, N}, 0.0f), dw1 = filled({K, N}, 1.0f),
+               db1 = filled({K}, 2.0f);
+    ops::activation_linear_backward(be, a, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t);
+    ops::activation_forward(be, a, pre.t, act1.t);
+    ops::linear_backward(be, dy.t, act1.t, w2.t, &dpre1.t, false, dw1.t, &db1.t);
+    ops::activation_backward(be, a, dpre1.t, pre.t, dpre1.t);
+    for (int i = 0; i < M * N; ++i) EXPECT_EQ(act.f()[i], act1.f()[i]);
+    for (int i = 0; i < M * N; ++i) EXPECT_EQ(dpre.f()[i], dpre1.f()[i]);
+    for (int i = 0; i < K * N; ++i) EXPECT_EQ(dw.f()[i], dw1.f()[i]);
+    for (int i = 0; i < K; ++i) EXPECT_EQ(db.f()[i], db1.f()[i]);
+  }
   HostTensor act = filled({M, N}, 0.0f), dpre = filled({M, N}, 0.0f), dw = filled({K, N}, 1.0f), db = filled({K}, 2.0f);
-  HostTensor act1 = filled({M, N}, 0.0f), dpre1 = filled({M, N}, 0.0f), dw1 = filled({K, N}, 1.0f),
-             db1 = filled({K}, 2.0f);
-  ops::activation_linear_backward(be, Activation::Gelu, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t);
-  ops::activation_forward(be, Activation::Gelu, pre.t, act1.t);
-  ops::linear_backward(be, dy.t, act1.t, w2.t, &dpre1.t, false, dw1.t, &db1.t);
-  ops::activation_backward(be, Activation::Gelu, dpre1.t, pre.t, dpre1.t);
-  for (int i = 0; i < M * N; ++i) EXPECT_EQ(act.f()[i], act1.f()[i]);
-  for (int i = 0; i < M * N; ++i) EXPECT_EQ(dpre.f()[i], dpre1.f()[i]);
-  for (int i = 0; i < K * N; ++i) EXPECT_EQ(dw.f()[i], dw1.f()[i]);
-  for (int i = 0; i < K; ++i) EXPECT_EQ(db.f()[i], db1.f()[i]);
 
   auto forward = [&](Tensor& pre_t, Tensor& y_t) {
     return error_of([&] { ops::linear_activation_forward(be, Activation::GeluTanh, x.t, w.t, &b.t, pre_t, y_t); });
@@ -1178,6 +1184,14 @@ TEST(OpsOptimizer, SumSquaresAccumulatesAndClipCoefficient) {
   ops::sum_squares(be, a.t, sumsq.t);
   ops::sum_squares(be, b.t, sumsq.t);
   EXPECT_FLOAT_EQ(sumsq.f()[0], 259.0f);
+  // Lengths past and between the pass's eight running sums per thread.
+  for (const int n : {7, 8, 1003}) {
+    HostTensor r = random({n}, n), sum = filled({1}, 0.0f);
+    double want = 0;
+    for (int i = 0; i < n; ++i) want += double(r.f()[i]) * r.f()[i];
+    ops::sum_squares(be, r.t, sum.t);
+    EXPECT_EQ(sum.f()[0], float(want)) << n;
+  }
 
   HostTensor nine = filled({1}, 9.0f);
   ops::clip_coefficient(be, nine.t, 1.0f, coef.t);

@@ -6,6 +6,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
+#include "ops/cpu_activation.h"
 #include "ops/op_util.h"
 
 namespace hone {
@@ -115,15 +116,21 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kGeluCubic = 0.044715f;
 
-float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2)); }
-float gelu_grad(float x) {
-  return 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
-}
-float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x))); }
-float gelu_tanh_grad(float x) {
-  const float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+// Each GELU and its gradient share one transcendental, e (1 + erf) or t (tanh): the
+// *_from forms take it, so that a pass wanting both computes it once, to the same bits.
+float gelu_e(float x) { return 1.0f + std::erf(x * kInvSqrt2); }
+float gelu_from(float x, float e) { return 0.5f * x * e; }
+float gelu_grad_from(float x, float e) { return 0.5f * e + x * kInvSqrt2Pi * std::exp(-0.5f * x * x); }
+float gelu(float x) { return gelu_from(x, gelu_e(x)); }
+float gelu_grad(float x) { return gelu_grad_from(x, gelu_e(x)); }
+
+float gelu_tanh_t(float x) { return std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)); }
+float gelu_tanh_from(float x, float t) { return 0.5f * x * (1.0f + t); }
+float gelu_tanh_grad_from(float x, float t) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
 }
+float gelu_tanh(float x) { return gelu_tanh_from(x, gelu_tanh_t(x)); }
+float gelu_tanh_grad(float x) { return gelu_tanh_grad_from(x, gelu_tanh_t(x)); }
 
 // f(i) for i in [0, n), in parallel.
 template <typename F>
@@ -165,6 +172,30 @@ void CpuBackend::activation_backward(Activation a, const Tensor& dy, const Tenso
       return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = dyp[i] * gelu_tanh_grad(xp[i]); });
     case Activation::Relu:  // zero gradient at 0, as torch
       return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = xp[i] > 0.0f ? dyp[i] : 0.0f; });
+  }
+}
+
+void activation_with_grad(Activation a, const Tensor& x, Tensor& y, Tensor& g) {
+  const float* xp = x.f32();
+  float *yp = y.f32(), *gp = g.f32();
+  switch (a) {
+    case Activation::Gelu:
+      return for_each_index(x.numel(), [&](int64_t i) {
+        const float e = gelu_e(xp[i]);
+        yp[i] = gelu_from(xp[i], e);
+        gp[i] = gp[i] * gelu_grad_from(xp[i], e);
+      });
+    case Activation::GeluTanh:
+      return for_each_index(x.numel(), [&](int64_t i) {
+        const float t = gelu_tanh_t(xp[i]);
+        yp[i] = gelu_tanh_from(xp[i], t);
+        gp[i] = gp[i] * gelu_tanh_grad_from(xp[i], t);
+      });
+    case Activation::Relu:
+      return for_each_index(x.numel(), [&](int64_t i) {
+        yp[i] = std::max(xp[i], 0.0f);
+        gp[i] = xp[i] > 0.0f ? gp[i] : 0.0f;
+      });
   }
 }
 

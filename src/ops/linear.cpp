@@ -6,6 +6,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
+#include "ops/cpu_activation.h"
 #include "ops/op_util.h"
 
 namespace hone {
@@ -128,15 +129,24 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   });
 }
 
+namespace {
+
+// dx = dy w (plus dx when accumulating).
+void input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) {
+  const int m = int(dy.shape[0]), k = int(w.shape[1]), n = int(w.shape[0]);
+  split_rows(m, [&](int lo, int hi) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, k, n, 1.0f, dy.f32() + int64_t(lo) * n, n,
+                w.f32(), k, accumulate ? 1.0f : 0.0f, dx.f32() + int64_t(lo) * k, k);
+  });
+}
+
+}  // namespace
+
 void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
                                  Tensor& dw, Tensor* db) {
   const int m = int(x.shape[0]), k = int(x.shape[1]), n = int(w.shape[0]);
   const float* dyp = dy.f32();
-  if (dx)
-    split_rows(m, [&](int lo, int hi) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, k, n, 1.0f, dyp + int64_t(lo) * n, n, w.f32(),
-                  k, accumulate_dx ? 1.0f : 0.0f, dx->f32() + int64_t(lo) * k, k);
-    });
+  if (dx) input_grad(dy, w, *dx, accumulate_dx);
   // dw rows [lo, hi) take columns [lo, hi) of dy.
   split_rows(n, [&](int lo, int hi) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, k, m, 1.0f, dyp + lo, n, x.f32(), k, 1.0f,
@@ -165,11 +175,13 @@ void CpuBackend::linear_activation_forward(Activation a, const Tensor& x, const 
   activation_forward(a, pre, y);
 }
 
+// As the unfused ops, to the bit, with dy w first: then one pass over pre gives y, which dw
+// needs, and act'(pre) from one erf per element rather than two.
 void CpuBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
                                             Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
-  activation_forward(a, pre, y);
-  linear_backward(dy, y, w, &dpre, false, dw, db);
-  activation_backward(a, dpre, pre, dpre);
+  input_grad(dy, w, dpre, false);
+  activation_with_grad(a, pre, y, dpre);
+  linear_backward(dy, y, w, nullptr, false, dw, db);
 }
 
 }  // namespace hone
