@@ -241,6 +241,9 @@ class CudaBackend final : public Backend {
   static constexpr int kLtKey = 21;
   // nullopt: a GELU epilogue product without a kernel, run unfused instead.
   std::map<std::array<int64_t, kLtKey>, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
+  // The timed choices, by shape bucket (linear.cu's shape_bucket): packed batches change
+  // their number of rows every step, and a shape near one already timed reuses its choice.
+  std::map<std::array<int64_t, kLtKey>, cublasLtMatmulAlgo_t> lt_timed_;
 
   // attention.cu: BF16/F16 attention runs hone's flash kernels unless HONE_ATTENTION=cudnn
   // (read once, at construction); then cuDNN's handle and fused-attention plans, made on

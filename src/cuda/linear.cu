@@ -35,6 +35,14 @@ uint32_t alignment(const void* p) {
   return a == 0 ? 256u : uint32_t(std::min<uintptr_t>(256, a & (~a + 1)));
 }
 
+// Dimensions within an eighth of an octave of each other share a bucket (above 64): a
+// product's timed algorithm choice serves every shape of its bucket.
+int64_t shape_bucket(int64_t x) {
+  if (x <= 64) return x;
+  const int64_t step = (int64_t(1) << (63 - __builtin_clzll(uint64_t(x)))) / 8;
+  return (x + step - 1) / step * step;
+}
+
 constexpr int kColumnSumWarps = 8;
 
 // db[c] += sum over rows of dy[r, c]. A block takes 32 * W columns and a band of rows;
@@ -156,6 +164,27 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
     if (!it->second) return false;  // an epilogue this cuBLASLt has no kernel for
     algo = &*it->second;
   }
+  // Half-precision products that overwrite D try the heuristic's first candidates on
+  // this call's own operands and keep the fastest (the heuristic's first pick is off by
+  // 10-30% on some bert-large shapes); F32 products keep the first pick, so that the
+  // reference path stays the same from run to run. So do products under a billion
+  // multiply-adds, which take microseconds whichever algorithm runs them: timing noise
+  // would pick among algorithms that round differently, run to run.
+  constexpr int kCandidates = 6;
+  constexpr double kTunedMinMacs = 1 << 30;
+  const bool tune = g.beta == 0.0f && g.ab_type != CUDA_R_32F &&
+                    double(g.m) * double(g.n) * double(g.k) * double(g.batch) >= kTunedMinMacs;
+  std::array<int64_t, kLtKey> bucket = key;
+  for (size_t i = 0; i < 3; ++i) bucket[i] = shape_bucket(key[i]);
+  // A shape in a bucket already timed takes that choice where cuBLASLt runs it for this
+  // shape too: timing the candidates for each packed step's number of rows cost more than
+  // the products (bert-large on 2048 texts of 16..512 tokens: 113 TFLOP/s forward).
+  if (auto it = !algo && tune ? lt_timed_.find(bucket) : lt_timed_.end(); it != lt_timed_.end()) {
+    cublasLtMatmulHeuristicResult_t check = {};
+    if (cublasLtMatmulAlgoCheck(lt_, desc, la, lb, ld, ld, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= kGemmWorkspaceBytes)
+      algo = &*lt_algos_.emplace(key, it->second).first->second;
+  }
   if (!algo) {
     cublasLtMatmulPreferenceOpaque_t pref_storage;
     cublasLtMatmulPreference_t pref = &pref_storage;
@@ -178,18 +207,8 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
     for (const auto& [attr, value] : aligns)
       HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
-    // Half-precision products that overwrite D try the heuristic's first candidates on
-    // this call's own operands and keep the fastest (the heuristic's first pick is off by
-    // 10-30% on some bert-large shapes); F32 products keep the first pick, so that the
-    // reference path stays the same from run to run. So do products under a billion
-    // multiply-adds, which take microseconds whichever algorithm runs them: timing noise
-    // would pick among algorithms that round differently, run to run.
-    constexpr int kCandidates = 6;
-    constexpr double kTunedMinMacs = 1 << 30;
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    const bool tune = g.beta == 0.0f && g.ab_type != CUDA_R_32F &&
-                      double(g.m) * double(g.n) * double(g.k) * double(g.batch) >= kTunedMinMacs;
     HONE_CUBLAS_CHECK(
         cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, tune ? kCandidates : 1, results, &found));
     if (found == 0 && g.gelu != GeluEpilogue::None) {
@@ -229,6 +248,7 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
       cudaEventDestroy(stop);
     }
     algo = &*lt_algos_.emplace(key, result.algo).first->second;
+    if (tune) lt_timed_.emplace(bucket, result.algo);
   }
   HONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &g.alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, algo,
                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));
