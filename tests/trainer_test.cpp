@@ -644,6 +644,11 @@ TEST(TrainerLoop, TimeSplitAndModelFlops) {
     EXPECT_GT(m.spans[size_t(s)], 0) << int(s);
   EXPECT_LE(m.spans[0] + m.spans[1] + m.spans[2] + m.spans[3], m.train_runtime);
   EXPECT_DOUBLE_EQ(m.model_flops, 3 * run.model().training_flops(4, 16));
+  // Over the attended tokens: a row attending 7 of its 16 counts as a sequence of 7.
+  std::vector<int32_t> mask(32, 1);
+  std::fill(mask.begin() + 16 + 7, mask.end(), 0);
+  EXPECT_DOUBLE_EQ(run.model().training_flops(mask.data(), 2, 16),
+                   run.model().training_flops(1, 16) + run.model().training_flops(1, 7));
   // bert-large at 512 tokens: about 1.0 TFLOP per sample, 2 per multiply-add, x3 for
   // training: 24 layers x (2 (4H^2 + 2HI) + 4SH) per token, and the pooler and classifier.
   SequenceClassifier large(*builtin_config("bert-large-uncased"));

@@ -186,6 +186,10 @@ class SequenceClassifier {
   // per token the embeddings' projection (ELECTRA); per sequence the head. Recomputation is not model work and is not
   // counted, which is what makes the utilisation "model" FLOPs utilisation (MFU).
   double training_flops(int batch, int seq) const;
+  // The same over a batch's attended tokens (mask [batch, seq], nonzero = attended), each
+  // row a sequence of its own length: the work a packed step does; a padded step's padding
+  // is not model work either.
+  double training_flops(const int32_t* mask, int batch, int seq) const;
   // Inference: the same forward pass without dropout, keeping nothing for a backward
   // pass (each layer's buffers are released once the next layer has read them).
   void forward(Backend& be, BufferSource& mem, const BatchTensors& batch, const ForwardOutputs& out);

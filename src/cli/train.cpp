@@ -341,7 +341,7 @@ int train_command(const TrainingArguments& requested) {
         mfu = fmt::format("MFU {:.1f}% of the {:.1f} TFLOP/s {} peak", 100 * achieved / *peak, *peak / 1e12,
                           precision);
       }
-    fmt::print("model FLOPs: {:.3g} TFLOP in {:.1f} s = {:.3g} TFLOP/s (counted as model.h's training_flops says); {}\n",
+    fmt::print("model FLOPs: {:.3g} TFLOP in {:.1f} s = {:.3g} TFLOP/s (over the attended tokens, as model.h's training_flops counts); {}\n",
                m.model_flops / 1e12, m.train_runtime, achieved / 1e12, mfu);
   }
   // As run_classification.py: the model is saved before the metrics.

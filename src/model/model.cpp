@@ -3,6 +3,7 @@
 // src/model/prenorm_layer.cpp, the parameters' layout src/model/layout.cpp.
 #include "hone/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -137,6 +138,15 @@ double SequenceClassifier::training_flops(int batch, int seq) const {
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) per_token += 4 * H * attended_pairs(seq, cfg_.attention_window(l)) / S;
   const double per_sequence = 2 * (H * H + H * cfg_.num_labels);  // the head's dense and output layers
   return 3 * (tokens * per_token + batch * per_sequence);
+}
+
+double SequenceClassifier::training_flops(const int32_t* mask, int batch, int seq) const {
+  double flops = 0;
+  for (int r = 0; r < batch; ++r) {
+    const int n = int(std::count_if(mask + int64_t(r) * seq, mask + int64_t(r + 1) * seq, [](int32_t m) { return m != 0; }));
+    if (n > 0) flops += training_flops(1, n);
+  }
+  return flops;
 }
 
 DropoutSpec SequenceClassifier::dropout(const DropoutState& d, float p, int site) const {

@@ -152,7 +152,7 @@ TrainMetrics train(TrainingRun& run, const TrainingArguments& a, const TrainData
       for (int64_t k = 0; k < window; ++k) {
         const Batch* b = loader.next();
         st.tokens += int64_t(b->rows) * b->seq;
-        model_flops += run.model().training_flops(b->rows, b->seq);
+        model_flops += run.model().training_flops(b->mask, b->rows, b->seq);
         // Each rank's dropout masks are its own: the stream is keyed by micro-step and rank.
         run.micro_step(*b, 1.0f / float(window * world), uint64_t(st.micro_steps++ * world + rank));
       }
