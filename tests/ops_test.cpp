@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -104,6 +105,16 @@ TEST(OpsMemory, FillCopyRead) {
   for (float v : host) EXPECT_EQ(v, 2.5f);
   HostTensor c = filled({14}, 0.0f);
   EXPECT_THROW(ops::copy(be, a.t, c.t), Error);
+
+  // Zeroing skips the pages (1024 floats) already +0, and clears any other bits: a -0 in
+  // an otherwise zero page, a page set after its first element, the partial last page.
+  HostTensor z = filled({2500}, 0.0f);
+  z.f()[1024 + 5] = -0.0f;
+  for (int i = 2049; i < 2500; ++i) z.f()[i] = 1.5f;
+  ops::fill(be, z.t, 0.0f);
+  for (int i = 0; i < 2500; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(z.f()[i]), 0u) << i;
+  ops::fill(be, z.t, -0.0f);
+  for (int i = 0; i < 2500; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(z.f()[i]), 0x80000000u) << i;
 }
 
 // ---------------------------------------------------------------------------- linear
@@ -1342,10 +1353,13 @@ TEST(OpsOptimizer, AdamWSkipsAFlaggedStepAndWritesTheHalfCopy) {
 // parameter's bf16 copy is float_to_bf16's quiet NaN.
 TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
   CpuBackend be;
-  const int n = 1003;
+  // Past two pages (1024 floats), the second never touched (zero gradient and moments,
+  // as a word embedding's unused rows): its moments are left alone, to the same bits.
+  const int n = 3003;
   for (DType half_type : {DType::F32, DType::BF16, DType::F16}) {
     HostTensor p = random({n}, 3), g = random({n}, 4), m = random({n}, 5), v = random({n}, 6);
     for (int i = 0; i < n; ++i) v.f()[i] = std::abs(v.f()[i]);
+    for (int i = 1024; i < 2048; ++i) g.f()[i] = m.f()[i] = v.f()[i] = 0.0f;
     g.f()[7] = std::numeric_limits<float>::quiet_NaN();
     const std::vector<float> p0(p.f(), p.f() + n), g0(g.f(), g.f() + n), m0(m.f(), m.f() + n), v0(v.f(), v.f() + n);
     std::vector<uint16_t> half(n, 0);

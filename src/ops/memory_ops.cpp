@@ -2,6 +2,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -124,6 +126,23 @@ SpanSeconds Backend::take_span_seconds() {
 void CpuBackend::fill(Tensor& x, float value) {
   float* p = x.f32();
   const int64_t n = x.numel();
+  if (value == 0.0f && !std::signbit(value)) {
+    // Zeroing writes only the elements that are not +0 already: the pages of memory never
+    // written (a fresh arena's, a word-embedding gradient's rows no batch has used) then
+    // stay the kernel's shared zero page instead of becoming resident.
+    // A page (1024 floats) at a time; one whose first element is set is simply cleared.
+    const uint32_t* bits = static_cast<const uint32_t*>(x.data);
+    constexpr int64_t kBlock = 1024;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t e = std::min(n, b + kBlock);
+      uint32_t any = bits[b];
+      if (any == 0)
+        for (int64_t i = b + 1; i < e; ++i) any |= bits[i];
+      if (any != 0) std::memset(p + b, 0, size_t(e - b) * sizeof(float));
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = value;
 }

@@ -162,14 +162,22 @@ inline uint16_t round_bf16(float f) {
 
 enum class HalfCopy { None, BF16, F16 };
 
-// One slice's update: the loop is the same for each copy kind, instantiated apart so that
-// none calls through a pointer.
+// Whether the elements [i, i + n) have a zero gradient and zero moments: their update only
+// scales the parameter by the decay, and the moments stay zero.
+bool untouched(const float* mp, const float* vp, const float* gp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (gp[i] != 0.0f || mp[i] != 0.0f || vp[i] != 0.0f) return false;
+  return true;
+}
+
+// The update of elements [lo, hi): the loop is the same for each copy kind, instantiated
+// apart so that none calls through a pointer.
 template <HalfCopy kind>
-void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t n, float clip, float decay,
-                 const AdamWScalars& k) {
+void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t lo, int64_t hi, float clip,
+                 float decay, const AdamWScalars& k) {
   const float step_size = k.step_size, bias2_sqrt = k.bias2_sqrt, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+  for (int64_t i = lo; i < hi; ++i) {
     const float g = gp[i] * clip;
     float p = pp[i] * decay;
     const float m = mp[i] + w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
@@ -181,6 +189,31 @@ void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp,
     vp[i] = v;
     if constexpr (kind == HalfCopy::BF16) hp[i] = round_bf16(p);
     if constexpr (kind == HalfCopy::F16) hp[i] = float_to_f16(p);
+  }
+}
+
+template <HalfCopy kind>
+void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t n, float clip, float decay,
+                 const AdamWScalars& k) {
+  // A page of moments at a time (1024 floats). A block no step has touched yet (a word
+  // embedding's unused rows) leaves its moments unwritten, so that their pages stay the
+  // kernel's zero page rather than resident memory; the parameters take the update they
+  // would have (m / denom is +-0: only the decay), to the bit. A non-finite clip factor
+  // (a NaN norm) reaches every element, as before.
+  constexpr int64_t kBlock = 1024;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    if (!std::isfinite(clip) || !untouched(mp + b, vp + b, gp + b, e - b)) {
+      adamw_range<kind>(pp, mp, vp, gp, hp, b, e, clip, decay, k);
+      continue;
+    }
+    for (int64_t i = b; i < e; ++i) {
+      const float p = pp[i] * decay;
+      pp[i] = p;
+      if constexpr (kind == HalfCopy::BF16) hp[i] = round_bf16(p);
+      if constexpr (kind == HalfCopy::F16) hp[i] = float_to_f16(p);
+    }
   }
 }
 
