@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cfloat>
@@ -115,6 +117,25 @@ TEST(OpsMemory, FillCopyRead) {
   for (int i = 0; i < 2500; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(z.f()[i]), 0u) << i;
   ops::fill(be, z.t, -0.0f);
   for (int i = 0; i < 2500; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(z.f()[i]), 0x80000000u) << i;
+
+  // Pages the process never wrote stay out of its resident set when zeroed; written ones
+  // are cleared, partial pages at either end too.
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), pages = 64;
+  void* map = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  float* f = static_cast<float*>(map);
+  const size_t per_page = page / sizeof(float);
+  for (size_t k : {size_t(3), size_t(10)}) f[k * per_page + 7] = 2.0f;
+  f[1] = 5.0f;                             // the partial first page of the range below
+  f[pages * per_page - 1] = 6.0f;          // and of its last
+  Tensor range{f + 1, DType::F32, {int64_t(pages * per_page - 1)}, Device::CPU};
+  ops::fill(be, range, 0.0f);
+  unsigned char resident[64];
+  ASSERT_EQ(mincore(map, pages * page, resident), 0);
+  EXPECT_TRUE(resident[3] & 1);
+  EXPECT_FALSE(resident[20] & 1);
+  for (size_t i = 0; i < pages * per_page; ++i) ASSERT_EQ(f[i], 0.0f) << i;
+  munmap(map, pages * page);
 }
 
 // ---------------------------------------------------------------------------- linear

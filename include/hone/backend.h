@@ -75,6 +75,7 @@ struct AdamWScalars {
   float bias2_sqrt;  // sqrt(1 - beta2^step)
   float w1, w2, b2, eps;  // 1 - beta1, 1 - beta2, beta2, eps
   float decay;       // 1 - lr * weight_decay
+  float first;       // 1 at step 1, whose moments are zero (a backend may write them unread), else 0
 };
 constexpr int kAdamWScalarsSize = int(sizeof(AdamWScalars) / sizeof(float));
 AdamWScalars adamw_scalars(const AdamWStep& s);
@@ -461,7 +462,8 @@ class Backend {
                                 const LossScaling& ls) = 0;
   // torch.optim.AdamW on grad * norm_coef[1], for every slice of the list (count <=
   // kMaxTensorList), each with its own weight decay (s.weight_decay is not used); nothing
-  // changes when norm_coef[2] != 0.
+  // changes when norm_coef[2] != 0. At step 1 the moments are zero, as torch's state
+  // starts: a backend may write them without reading them (AdamWScalars::first).
   virtual void adamw(const AdamWSlice* slices, int count, const AdamWStep& s, const Tensor& norm_coef) = 0;
   // The element-wise optimizer `kind` on grad * norm_coef[1], for every slice of the list
   // (count <= kMaxTensorList), with the ElementwiseScalars in `scalars` (F32

@@ -1,11 +1,14 @@
 // fill, fill_normal, copy, read.
 #include <cblas.h>
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "hone/cpu_backend.h"
 #include "hone/dtype.h"
@@ -123,26 +126,52 @@ SpanSeconds Backend::take_span_seconds() {
   return out;
 }
 
+namespace {
+
+// Clears [begin, end) where it is not all zero bits already.
+void clear_nonzero(char* begin, char* end) {
+  if (std::any_of(begin, end, [](char c) { return c != 0; })) std::memset(begin, 0, size_t(end - begin));
+}
+
+// Zeroes bytes [begin, end) without making resident a page that is not: memory the
+// process never wrote (a fresh arena's, a word embedding's rows no batch has used, with
+// their gradients and moments) stays out of its resident set. Resident pages are cleared
+// where they are not zero already. A page that is not resident was never written or is
+// swapped out: MADV_DONTNEED drops it, and it reads as zeros from then on.
+void zero_bytes(char* begin, char* end) {
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  char* first = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page);
+  char* last = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(end) / page * page);
+  if (first >= last) return clear_nonzero(begin, end);
+  clear_nonzero(begin, first);
+  clear_nonzero(last, end);
+  const size_t pages = size_t(last - first) / page;
+  thread_local std::vector<unsigned char> resident;
+  resident.resize(pages);
+  if (mincore(first, size_t(last - first), resident.data()) != 0) std::fill(resident.begin(), resident.end(), 1);
+  for (size_t i = 0; i < pages;) {  // runs of pages that are not resident
+    if (resident[i] & 1) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < pages && !(resident[j] & 1)) ++j;
+    if (madvise(first + i * page, (j - i) * page, MADV_DONTNEED) != 0)
+      std::fill(resident.begin() + ptrdiff_t(i), resident.begin() + ptrdiff_t(j), 1);  // cleared below
+    i = j;
+  }
+  const unsigned char* in_core = resident.data();  // this thread's: the loop's threads read it here
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < pages; ++i)
+    if (in_core[i] & 1) clear_nonzero(first + i * page, first + (i + 1) * page);
+}
+
+}  // namespace
+
 void CpuBackend::fill(Tensor& x, float value) {
   float* p = x.f32();
   const int64_t n = x.numel();
-  if (value == 0.0f && !std::signbit(value)) {
-    // Zeroing writes only the elements that are not +0 already: the pages of memory never
-    // written (a fresh arena's, a word-embedding gradient's rows no batch has used) then
-    // stay the kernel's shared zero page instead of becoming resident.
-    // A page (1024 floats) at a time; one whose first element is set is simply cleared.
-    const uint32_t* bits = static_cast<const uint32_t*>(x.data);
-    constexpr int64_t kBlock = 1024;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t e = std::min(n, b + kBlock);
-      uint32_t any = bits[b];
-      if (any == 0)
-        for (int64_t i = b + 1; i < e; ++i) any |= bits[i];
-      if (any != 0) std::memset(p + b, 0, size_t(e - b) * sizeof(float));
-    }
-    return;
-  }
+  if (value == 0.0f && !std::signbit(value)) return zero_bytes(static_cast<char*>(x.data), static_cast<char*>(x.data) + x.bytes());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = value;
 }

@@ -89,6 +89,7 @@ AdamWScalars adamw_scalars(const AdamWStep& s) {
   k.b2 = float(s.beta2);
   k.eps = float(s.eps);
   k.decay = float(1.0 - s.lr * s.weight_decay);
+  k.first = s.step == 1 ? 1.0f : 0.0f;
   return k;
 }
 
@@ -162,17 +163,19 @@ inline uint16_t round_bf16(float f) {
 
 enum class HalfCopy { None, BF16, F16 };
 
-// Whether the elements [i, i + n) have a zero gradient and zero moments: their update only
-// scales the parameter by the decay, and the moments stay zero.
-bool untouched(const float* mp, const float* vp, const float* gp, int64_t n) {
+// Whether the moments [i, i + n) are zero: with a zero gradient, their update only scales
+// the parameter by the decay, and the moments stay zero.
+bool untouched(const float* mp, const float* vp, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
-    if (gp[i] != 0.0f || mp[i] != 0.0f || vp[i] != 0.0f) return false;
+    if (mp[i] != 0.0f || vp[i] != 0.0f) return false;
   return true;
 }
 
 // The update of elements [lo, hi): the loop is the same for each copy kind, instantiated
 // apart so that none calls through a pointer.
-template <HalfCopy kind>
+// `fresh`: the first step, whose moments are zero and are not read (the same values:
+// 0 + w1 (g - 0) and 0 b2 + w2 g^2), so that their pages are first met by a write.
+template <HalfCopy kind, bool fresh>
 void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t lo, int64_t hi, float clip,
                  float decay, const AdamWScalars& k) {
   const float step_size = k.step_size, bias2_sqrt = k.bias2_sqrt, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
@@ -180,8 +183,8 @@ void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp,
   for (int64_t i = lo; i < hi; ++i) {
     const float g = gp[i] * clip;
     float p = pp[i] * decay;
-    const float m = mp[i] + w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
-    const float v = vp[i] * b2 + w2 * g * g;
+    const float m = fresh ? w1 * g : mp[i] + w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
+    const float v = fresh ? w2 * g * g : vp[i] * b2 + w2 * g * g;
     const float denom = std::sqrt(v) / bias2_sqrt + eps;
     p -= step_size * (m / denom);
     pp[i] = p;
@@ -194,7 +197,7 @@ void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp,
 
 template <HalfCopy kind>
 void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t n, float clip, float decay,
-                 const AdamWScalars& k) {
+                 const AdamWScalars& k, bool fresh) {
   // A page of moments at a time (1024 floats). A block no step has touched yet (a word
   // embedding's unused rows) leaves its moments unwritten, so that their pages stay the
   // kernel's zero page rather than resident memory; the parameters take the update they
@@ -204,8 +207,14 @@ void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp,
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t e = std::min(n, b + kBlock);
-    if (!std::isfinite(clip) || !untouched(mp + b, vp + b, gp + b, e - b)) {
-      adamw_range<kind>(pp, mp, vp, gp, hp, b, e, clip, decay, k);
+    // A page read before it is written costs the kernel two faults: the first step reads
+    // no moments, and the check reads them only behind a zero gradient.
+    const bool zero_grads = std::all_of(gp + b, gp + e, [](float g) { return g == 0.0f; });
+    if (!std::isfinite(clip) || !zero_grads || !(fresh || untouched(mp + b, vp + b, e - b))) {
+      if (fresh)
+        adamw_range<kind, true>(pp, mp, vp, gp, hp, b, e, clip, decay, k);
+      else
+        adamw_range<kind, false>(pp, mp, vp, gp, hp, b, e, clip, decay, k);
       continue;
     }
     for (int64_t i = b; i < e; ++i) {
@@ -223,6 +232,7 @@ void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, 
   const AdamWScalars k = s.scalars ? *reinterpret_cast<const AdamWScalars*>(s.scalars->f32()) : adamw_scalars(s);
   if (norm_coef.f32()[2] != 0) return;  // a skipped step: the gradients overflowed
   const float clip = norm_coef.f32()[1];
+  const bool fresh = k.first != 0.0f;  // the first update: zero moments, not read
   for (int t = 0; t < count; ++t) {
     const AdamWSlice& x = slices[t];
     const float decay = x.weight_decay == 0 ? 1.0f : s.scalars ? k.decay : float(1.0 - s.lr * x.weight_decay);
@@ -232,11 +242,11 @@ void CpuBackend::adamw(const AdamWSlice* slices, int count, const AdamWStep& s, 
     // The rounded copy, if any: BF16 or F16 bits.
     uint16_t* hp = x.half.ptr<uint16_t>();
     if (!hp)
-      adamw_slice<HalfCopy::None>(pp, mp, vp, gp, hp, n, clip, decay, k);
+      adamw_slice<HalfCopy::None>(pp, mp, vp, gp, hp, n, clip, decay, k, fresh);
     else if (x.half.dtype == DType::BF16)
-      adamw_slice<HalfCopy::BF16>(pp, mp, vp, gp, hp, n, clip, decay, k);
+      adamw_slice<HalfCopy::BF16>(pp, mp, vp, gp, hp, n, clip, decay, k, fresh);
     else if (x.half.dtype == DType::F16)
-      adamw_slice<HalfCopy::F16>(pp, mp, vp, gp, hp, n, clip, decay, k);
+      adamw_slice<HalfCopy::F16>(pp, mp, vp, gp, hp, n, clip, decay, k, fresh);
     else
       fail("adamw: the rounded copy of the parameters is {}, not BF16 or F16", dtype_name(x.half.dtype));
   }
