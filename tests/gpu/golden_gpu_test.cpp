@@ -219,7 +219,9 @@ TEST(GpuParity, ShortPaddedBatchesMatchCpuInTrainingAndInference) {
   init_weights(c, on_cpu.model().layout(), w.data(), 4);
   on_gpu.write_weights(w.data());
   on_cpu.write_weights(w.data());
+  int64_t step = 0;  // AdamW's step, from 1: the first update's moments are zero
   for (int seq : {24, 13, 40}) {
+    ++step;
     std::vector<int32_t> ids(size_t(5 * seq)), mask(ids.size()), types(ids.size(), 0);
     std::vector<float> labels = {1, 0, 1, 0, 1};
     for (int b = 0; b < 5; ++b)
@@ -237,7 +239,7 @@ TEST(GpuParity, ShortPaddedBatchesMatchCpuInTrainingAndInference) {
     bt.labels = labels.data();
     for (TrainingRun* r : {&on_gpu, &on_cpu}) {
       r->micro_step(bt, 1.0f, uint64_t(seq));
-      r->optimizer_step(1e-3, 1);
+      r->optimizer_step(1e-3, step);
     }
     EXPECT_NEAR(on_gpu.take_loss_sum(), on_cpu.take_loss_sum(), 1e-5) << seq;
     bt.rows = 5;
