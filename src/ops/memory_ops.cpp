@@ -128,9 +128,19 @@ SpanSeconds Backend::take_span_seconds() {
 
 namespace {
 
-// Clears [begin, end) where it is not all zero bits already.
+// Clears [begin, end) unless it is all zero bits already. Read 64 bytes at a time, stopping
+// at the first that are not zero: a page read as the kernel's zero page costs a pass over
+// cached memory, a written one little more than its clearing.
 void clear_nonzero(char* begin, char* end) {
-  if (std::any_of(begin, end, [](char c) { return c != 0; })) std::memset(begin, 0, size_t(end - begin));
+  uint64_t any = 0;
+  char* p = begin;
+  for (; p + 64 <= end && any == 0; p += 64) {
+    uint64_t words[8];
+    std::memcpy(words, p, 64);
+    for (const uint64_t w : words) any |= w;
+  }
+  for (; p < end && any == 0; ++p) any |= uint8_t(*p);
+  if (any != 0) std::memset(begin, 0, size_t(end - begin));
 }
 
 // Zeroes bytes [begin, end) without making resident a page that is not: memory the
