@@ -147,7 +147,9 @@ void clear_nonzero(char* begin, char* end) {
 // process never wrote (a fresh arena's, a word embedding's rows no batch has used, with
 // their gradients and moments) stays out of its resident set. Resident pages are cleared
 // where they are not zero already. A page that is not resident was never written or is
-// swapped out: MADV_DONTNEED drops it, and it reads as zeros from then on.
+// swapped out: MADV_DONTNEED drops it, and it reads as zeros from then on. That holds for
+// private anonymous memory, which is what the CPU backend's tensors live in (its arenas
+// and host vectors; page-locked buffers are always resident, so never dropped).
 void zero_bytes(char* begin, char* end) {
   static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   char* first = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(begin) + page - 1) / page * page);
