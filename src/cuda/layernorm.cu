@@ -8,6 +8,7 @@
 // row enters (forward) or leaves (backward) the registers, so the LayerNorm arithmetic,
 // thread layout and reduction order are the unfused op's, and so are its results.
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 
 #include "cuda/check.h"
@@ -26,14 +27,27 @@ namespace {
 // most 171 registers for the vector backward, 64 for the forward, no spills).
 template <int W>
 constexpr int kGroups = W == 1 ? 8 : 32 / W;
-// The vector backward keeps 64 accumulators a thread and needs over 128 registers, so its
-// rows may span at most this many threads (8192 columns).
-constexpr int kBackwardVecThreads = 256;
+// The backward keeps two F32 accumulators per column of its thread (dgamma, dbeta) beside
+// the row's values, so its vector variant gives a thread 16 columns rather than 32: a
+// 1024-column row spans two warps, and at about 80 registers three blocks of 256 threads
+// fit an SM, where 32 columns a thread (171 registers) left one block, too few loads in
+// flight to reach the memory's rate (bert-large bf16 batch 32: 96 us a call against the
+// 45 us its bytes take). Its rows span at most one block of kBackwardVecThreads threads
+// (4096 columns); longer rows take the scalar variant (up to 8192).
+template <int W>
+constexpr int kBackwardGroups = W == 1 ? 8 : 16 / W;
+constexpr int kBackwardVecThreads = cuda::kRowBlockThreads;
 
 // 16-byte access: the row length a multiple of kVec<T> and every pointer aligned.
 template <typename T>
 bool vec_ok(int64_t cols, std::initializer_list<const void*> ptrs) {
   return cols % cuda::kVec<T> == 0 && cuda::vec4_ok(cols, ptrs);
+}
+
+// The backward's vector variant also needs the row to fit one block.
+template <typename T>
+bool backward_vec_ok(int64_t cols, std::initializer_list<const void*> ptrs) {
+  return vec_ok<T>(cols, ptrs) && cols <= int64_t(kBackwardVecThreads) * kBackwardGroups<cuda::kVec<T>> * cuda::kVec<T>;
 }
 
 template <int W, typename T>
@@ -57,6 +71,27 @@ template <typename T, int W>
 __device__ __forceinline__ void round_run(float (&v)[W]) {
   #pragma unroll
   for (int t = 0; t < W; ++t) v[t] = cuda::to_float(cuda::from_float<T>(v[t]));
+}
+
+// Sums a and b over the threads of one row, as cuda::row_sum does each, with one barrier
+// for both where a row spans warps: `parity` alternates between calls, so a call writes
+// the half of the scratch that the call before it did not, and no thread can still be
+// reading it (every thread passed that call's barrier after its last read here). The
+// warps' sums are added in warp order, the same order on every thread.
+__device__ __forceinline__ void row_sum2(float& a, float& b, int parity) {
+  __shared__ float2 scratch[2][cuda::kRowBlockThreads / 32];
+  a = cuda::warp_sum(a);
+  b = cuda::warp_sum(b);
+  if (blockDim.x == 32) return;
+  const int warps = int(blockDim.x >> 5), first = threadIdx.y * warps;
+  if ((threadIdx.x & 31) == 0) scratch[parity][first + (threadIdx.x >> 5)] = make_float2(a, b);
+  __syncthreads();
+  a = b = 0.0f;
+  for (int w = 0; w < warps; ++w) {
+    const float2 v = scratch[parity][first + w];
+    a += v.x;
+    b += v.y;
+  }
 }
 
 // The dropout of a fused op: its spec and keep scale, 1 / (1 - p) as launch_dropout
@@ -159,15 +194,17 @@ __global__ void __launch_bounds__(1024)
 // With kFused dx is the gradient of the sum, and dropped_dx receives dropout(dx) (fd) of
 // the value stored (rounded to T), as the dropout op would from it; it too may alias dy.
 template <typename T, int W, bool kFused>
-__global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
+__global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 3 : 1)
     layernorm_backward_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* dx,
                               float* __restrict__ dgamma, float* __restrict__ dbeta, int64_t rows, int cols,
                               FusedDropout fd, T* dropped_dx) {
-  constexpr int G = kGroups<W>;
+  constexpr int G = kBackwardGroups<W>;
   const uint64_t stream = kFused ? dropout_stream(fd.d) : 0;
   float dg[G][W] = {}, db[G][W] = {};
-  for (int64_t first = int64_t(blockIdx.x) * blockDim.y; first < rows; first += int64_t(gridDim.x) * blockDim.y) {
+  int parity = 0;
+  for (int64_t first = int64_t(blockIdx.x) * blockDim.y; first < rows;
+       first += int64_t(gridDim.x) * blockDim.y, parity ^= 1) {
     const int64_t row = first + threadIdx.y;
     const bool live = row < rows;
     const float m = live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
@@ -191,7 +228,8 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024)
         db[g][t] += d[t];
       }
     }
-    const float mean_g = cuda::row_sum(sum_g) / cols, mean_gx = cuda::row_sum(sum_gx) / cols;
+    row_sum2(sum_g, sum_gx, parity);
+    const float mean_g = sum_g / cols, mean_gx = sum_gx / cols;
     #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int c = (g * blockDim.x + threadIdx.x) * W;
@@ -264,9 +302,19 @@ void layernorm_backward_as(const Tensor& dy, const Tensor& x, const Tensor& gamm
                            const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, int64_t rows, int64_t cols,
                            const FusedDropout& fd, T* dropped_dx, int sms, cudaStream_t stream) {
   cuda::RowLaunch l =
-      cuda::row_launch("layernorm_backward", rows, cols, W, kGroups<W>, W > 1 ? kBackwardVecThreads : 1024);
-  // One wave of blocks at most: more rows per block means fewer atomics per column.
-  l.grid.x = std::min(l.grid.x, unsigned(4 * sms));
+      cuda::row_launch("layernorm_backward", rows, cols, W, kBackwardGroups<W>, W > 1 ? kBackwardVecThreads : 1024);
+  // One wave of blocks at most, as many as fit the SMs together: more rows per block
+  // means fewer atomics per column, and a second, partial wave would leave SMs idle.
+  const int threads = int(l.block.x * l.block.y);  // 256, 512 or 1024
+  static std::atomic<int> per_sm[3] = {};            // by block size, asked once each
+  std::atomic<int>& fit = per_sm[threads == 256 ? 0 : threads == 512 ? 1 : 2];
+  if (fit.load() == 0) {
+    int n = 0;
+    HONE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layernorm_backward_kernel<T, W, kFused>, threads, 0));
+    fit.store(std::max(n, 1));
+  }
+  l.grid.x = std::min(l.grid.x, unsigned(fit.load() * sms));
   layernorm_backward_kernel<T, W, kFused><<<l.grid, l.block, 0, stream>>>(
       dy.ptr<T>(), x.ptr<T>(), gamma.ptr<T>(), mean.f32(), rstd.f32(), dx.ptr<T>(), dgamma.f32(),
       dbeta.data ? dbeta.f32() : nullptr, rows,
@@ -297,7 +345,7 @@ void CudaBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Te
   if (rows == 0) return;
   cuda::with_dtype(x.dtype, "layernorm_backward", [&](auto t) {
     using T = decltype(t);
-    if (vec_ok<T>(cols, {dy.data, x.data, gamma.data, dx.data}))
+    if (backward_vec_ok<T>(cols, {dy.data, x.data, gamma.data, dx.data}))
       layernorm_backward_as<T, cuda::kVec<T>, false>(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, cols, {},
                                                      nullptr, sms_, stream_);
     else
@@ -341,7 +389,7 @@ void CudaBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum
   if (rows == 0) return;
   cuda::with_dtype(sum.dtype, "layernorm_dropout_backward", [&](auto t) {
     using T = decltype(t);
-    const bool vec = vec_ok<T>(cols, {dy.data, sum.data, gamma.data, dsum.data});
+    const bool vec = backward_vec_ok<T>(cols, {dy.data, sum.data, gamma.data, dsum.data});
     if (vec && !vec_ok<T>(cols, {dx.data})) {
       layernorm_backward(dy, sum, gamma, mean, rstd, dsum, dgamma, dbeta);
       dropout(dsum, d, dx);
