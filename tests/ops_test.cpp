@@ -239,14 +239,18 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
                db = filled({K}, 2.0f);
     HostTensor act1 = filled({M, N}, 0.0f), dpre1 = filled({M, N}, 0.0f), dw1 = filled({K, N}, 1.0f),
                db1 = filled({K}, 2.0f);
-    ops::activation_linear_backward(be, a, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t);
+    // db_pre, the bias gradient of the product that made pre, is that product's backward's.
+    HostTensor dbp = filled({N}, 3.0f), dbp1 = filled({N}, 3.0f), dw_up = filled({N, K}, 0.0f);
+    ops::activation_linear_backward(be, a, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t, &dbp.t);
     ops::activation_forward(be, a, pre.t, act1.t);
     ops::linear_backward(be, dy.t, act1.t, w2.t, &dpre1.t, false, dw1.t, &db1.t);
     ops::activation_backward(be, a, dpre1.t, pre.t, dpre1.t);
+    ops::linear_backward(be, dpre1.t, x.t, w.t, nullptr, false, dw_up.t, &dbp1.t);
     for (int i = 0; i < M * N; ++i) EXPECT_EQ(act.f()[i], act1.f()[i]);
     for (int i = 0; i < M * N; ++i) EXPECT_EQ(dpre.f()[i], dpre1.f()[i]);
     for (int i = 0; i < K * N; ++i) EXPECT_EQ(dw.f()[i], dw1.f()[i]);
     for (int i = 0; i < K; ++i) EXPECT_EQ(db.f()[i], db1.f()[i]);
+    for (int i = 0; i < N; ++i) EXPECT_EQ(dbp.f()[i], dbp1.f()[i]);
   }
   HostTensor act = filled({M, N}, 0.0f), dpre = filled({M, N}, 0.0f), dw = filled({K, N}, 1.0f), db = filled({K}, 2.0f);
 
@@ -270,6 +274,12 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
   EXPECT_EQ(backward(pre.t, act.t, act.t), "activation_linear_backward: outputs y and dpre share memory");
   EXPECT_EQ(backward(narrow.t, act.t, dpre.t), "activation_linear_backward: pre has shape [5, 5], expected [5, 6]");
   EXPECT_EQ(backward(pre.t, act.t, dpre.t), "(no error)");
+  HostTensor short_bias = filled({N - 1}, 0.0f);
+  EXPECT_EQ(error_of([&] {
+              ops::activation_linear_backward(be, Activation::Gelu, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t,
+                                              &short_bias.t);
+            }),
+            "activation_linear_backward: db_pre has shape [5], expected [6]");
 }
 
 // ---------------------------------------------------------------------------- attention

@@ -308,15 +308,17 @@ class Backend {
   //   forward:  pre = x w^T + b, y = act(pre);
   //   backward of out = linear(act(pre)) with weights w, recomputing the activation rather
   //             than keeping it: y = act(pre), dpre = (dy w) * act'(pre), dw += dy^T y,
-  //             db += column sums of dy.
+  //             db += column sums of dy, and db_pre (the bias gradient of the product
+  //             that made pre) += column sums of dpre, taken while the pass over pre
+  //             holds dpre rather than read again.
   // The CUDA backend computes the activation in the product's epilogue where cuBLASLt has
   // it (GeluTanh: its GELU is the tanh form); otherwise it runs the products unfused, and
   // in backward y and dpre come from one pass over pre. On the CPU these are the unfused
-  // ops in sequence. b and db may be null.
+  // ops in sequence. b, db and db_pre may be null.
   virtual void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                          Tensor& pre, Tensor& y) = 0;
   virtual void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
-                                          Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) = 0;
+                                          Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) = 0;
 
   // qkv: [B*S, 3H], Q in columns [0,H), K in [H,2H), V in [2H,3H), head h in columns
   // h*head_dim.. of each. mask: I32 [B,S], 1 = attend, 0 = padding (adds the float

@@ -26,7 +26,7 @@ class CpuBackend final : public Backend {
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
                                  Tensor& y) override;
   void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w, Tensor& y,
-                                  Tensor& dpre, Tensor& dw, Tensor* db) override;
+                                  Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) override;
   void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,

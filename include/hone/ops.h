@@ -18,7 +18,7 @@ void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tenso
 void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                Tensor& pre, Tensor& y);
 void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
-                                Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db);
+                                Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre = nullptr);
 
 // keep: the mask bits forward saves for backward, I32 [B, heads, S, words] with words =
 // attention_keep_words(be, d, dtype, drop); not read when that is 0 (and may be empty).

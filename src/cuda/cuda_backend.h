@@ -72,7 +72,7 @@ class CudaBackend final : public Backend {
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
                                  Tensor& y) override;
   void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w, Tensor& y,
-                                  Tensor& dpre, Tensor& dw, Tensor* db) override;
+                                  Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) override;
   void attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d, const DropoutSpec& drop,
                          Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) override;
   void attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
@@ -174,7 +174,10 @@ class CudaBackend final : public Backend {
   // here; any other product without an algorithm fails.
   bool lt_matmul(const LtGemm& g);
   // y = act(x) and dx = dx * act'(x) in one pass over x (elementwise.cu); dx holds dy on entry.
-  void activation_and_gradient(Activation a, const Tensor& x, Tensor& y, Tensor& dx);
+  // dsum, when set, += the column sums of the new dx (of its values as stored).
+  void activation_and_gradient(Activation a, const Tensor& x, Tensor& y, Tensor& dx, Tensor* dsum);
+  // db += column sums of dy (F32 db), for a product's bias gradient (linear.cu).
+  void bias_backward(const Tensor& dy, Tensor& db);
 
  private:
   int device_;

@@ -275,12 +275,18 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
   gw.ab_type = type;
   gw.d_type = CUDA_R_32F;  // half inputs, F32 output: the gradient accumulates in F32
   lt_matmul(gw);
-  if (!db || m == 0) return;
+  if (db) bias_backward(dy, *db);
+}
+
+void CudaBackend::bias_backward(const Tensor& dy, Tensor& db) {
+  const int64_t m = dy.shape[0], n = dy.shape[1];
+  if (m == 0) return;
+  const cudaDataType_t type = cuda::cuda_dtype(dy.dtype);
   // Half precision: db += dy^T 1 as a product with a vector of ones, which cuBLASLt runs at
   // memory speed (the column-sum kernel below reaches a fifth of it on these shapes).
-  if (x.dtype != DType::F32 && m <= kOnesLength) {
-    LtGemm gb{CUBLAS_OP_N, CUBLAS_OP_N, n, 1, m, dy.data, n, x.dtype == DType::BF16 ? ones_bf16_ : ones_f16_, m,
-              db->f32(), n, 1.0f};
+  if (dy.dtype != DType::F32 && m <= kOnesLength) {
+    LtGemm gb{CUBLAS_OP_N, CUBLAS_OP_N, n, 1, m, dy.data, n, dy.dtype == DType::BF16 ? ones_bf16_ : ones_f16_, m,
+              db.f32(), n, 1.0f};
     gb.ab_type = type;
     gb.d_type = CUDA_R_32F;
     lt_matmul(gb);
@@ -291,9 +297,9 @@ void CudaBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tenso
     constexpr int V = cuda::kVec<T>;
     const T* p = dy.ptr<T>();
     if (n % V == 0 && cuda::aligned16(p))
-      column_sum<T, V>(p, db->f32(), m, n, sms_, stream_);
+      column_sum<T, V>(p, db.f32(), m, n, sms_, stream_);
     else
-      column_sum<T, 1>(p, db->f32(), m, n, sms_, stream_);
+      column_sum<T, 1>(p, db.f32(), m, n, sms_, stream_);
   });
 }
 
@@ -312,7 +318,7 @@ void CudaBackend::linear_activation_forward(Activation a, const Tensor& x, const
 }
 
 void CudaBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
-                                             Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
+                                             Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) {
   const int64_t m = pre.shape[0], k = pre.shape[1], n = w.shape[0];
   if (m == 0) return;  // nothing to add to dw and db
   // dpre^T = w^T dy^T, linear_backward's dx product, times GELU'(pre^T) in its epilogue.
@@ -326,13 +332,14 @@ void CudaBackend::activation_linear_backward(Activation a, const Tensor& dy, con
   }
   if (fused) {
     activation_forward(a, pre, y);
+    if (db_pre) bias_backward(dpre, *db_pre);
   } else {
-    // y and the gradient from one pass over pre, which evaluates the activation's costly
-    // part (erf for BERT's GELU) once for both.
+    // y, the gradient and its column sums from one pass over pre, which evaluates the
+    // activation's costly part (erf for BERT's GELU) once for both.
     g.gelu = GeluEpilogue::None;
     g.aux = nullptr;
     lt_matmul(g);
-    activation_and_gradient(a, pre, y, dpre);
+    activation_and_gradient(a, pre, y, dpre, db_pre);
   }
   linear_backward(dy, y, w, nullptr, false, dw, db);
 }

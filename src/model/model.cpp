@@ -607,13 +607,14 @@ void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pa
   mem.release(s.ln2_rstd);
   Tensor ffn_act = scratch(mem, "ffn_activation", {T, I});  // recomputed from ffn_pre
   Tensor d_pre = scratch(mem, "ffn_preactivation_grad", {T, I});
+  // The up-projection's bias gradient comes from the pass that makes d_pre.
   ops::activation_linear_backward(be, cfg_.activation(), dh, s.ffn_pre, w(P.ffn_down.w), ffn_act, d_pre, gdown_w,
-                                  &gdown_b);
+                                  &gdown_b, &gup_b);
   mem.release(ffn_act);
   mem.release(s.ffn_pre);
   // d_res becomes the gradient of ln1_out: the residual path plus the FFN input path.
   if (selective) s.ln1_out = recompute_layernorm(be, mem, s.ln1_in, P.ln1, "attention_out", l);
-  ops::linear_backward(be, d_pre, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, &gup_b);
+  ops::linear_backward(be, d_pre, s.ln1_out, w(P.ffn_up.w), &d_res, true, gup_w, nullptr);
   mem.release(d_pre);
   mem.release(s.ln1_out);
 

@@ -74,7 +74,7 @@ void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const
 }
 
 void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
-                                Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
+                                Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) {
   const char* op = "activation_linear_backward";
   detail::expect_compute(be, op, "pre", pre);
   detail::expect_dtype(op, "w", w, pre.dtype);
@@ -87,14 +87,18 @@ void activation_linear_backward(Backend& be, Activation a, const Tensor& dy, con
   detail::expect(op, "dpre", dpre, pre.dtype, {m, k});
   detail::expect(op, "dw", dw, DType::F32, {n, k});
   if (db) detail::expect(op, "db", *db, DType::F32, {n});
+  if (db_pre) detail::expect(op, "db_pre", *db_pre, DType::F32, {k});
   if (be.dry_run) return;
   const Tensor none;
-  detail::expect_disjoint(op, {{"y", y}, {"dpre", dpre}, {"dw", dw}, {"db", db ? *db : none}},
+  detail::expect_disjoint(op,
+                          {{"y", y}, {"dpre", dpre}, {"dw", dw}, {"db", db ? *db : none},
+                           {"db_pre", db_pre ? *db_pre : none}},
                           {{"dy", dy}, {"pre", pre}, {"w", w}}, {});
   detail::OpScope scope(be, op, OpClass::Contraction,
                         {4.0 * double(m) * double(k) * double(n),
-                         detail::bytes(dy, pre, w, y, dpre, dw, dw) + 2 * detail::bytes_if(db)});
-  be.activation_linear_backward(a, dy, pre, w, y, dpre, dw, db);
+                         detail::bytes(dy, pre, w, y, dpre, dw, dw) + 2 * detail::bytes_if(db) +
+                             2 * detail::bytes_if(db_pre)});
+  be.activation_linear_backward(a, dy, pre, w, y, dpre, dw, db, db_pre);
 }
 
 }  // namespace ops
@@ -131,6 +135,25 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
 
 namespace {
 
+// db += column sums of dy [m, n], one block of columns per iteration so that rows are
+// read contiguously.
+void add_column_sums(const Tensor& dy, Tensor& db) {
+  const int m = int(dy.shape[0]), n = int(dy.shape[1]);
+  const float* dyp = dy.f32();
+  constexpr int kBlock = 64;
+  float* dbp = db.f32();
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < n; c0 += kBlock) {
+    const int c1 = std::min(n, c0 + kBlock);
+    double acc[kBlock] = {};
+    for (int i = 0; i < m; ++i) {
+      const float* row = dyp + int64_t(i) * n;
+      for (int c = c0; c < c1; ++c) acc[c - c0] += row[c];
+    }
+    for (int c = c0; c < c1; ++c) dbp[c] += float(acc[c - c0]);
+  }
+}
+
 // dx = dy w (plus dx when accumulating).
 void input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) {
   const int m = int(dy.shape[0]), k = int(w.shape[1]), n = int(w.shape[0]);
@@ -152,20 +175,7 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, k, m, 1.0f, dyp + lo, n, x.f32(), k, 1.0f,
                 dw.f32() + int64_t(lo) * k, k);
   });
-  if (!db) return;
-  // Column sums, one block of columns per iteration so that rows are read contiguously.
-  constexpr int kBlock = 64;
-  float* dbp = db->f32();
-#pragma omp parallel for schedule(static)
-  for (int c0 = 0; c0 < n; c0 += kBlock) {
-    const int c1 = std::min(n, c0 + kBlock);
-    double acc[kBlock] = {};
-    for (int i = 0; i < m; ++i) {
-      const float* row = dyp + int64_t(i) * n;
-      for (int c = c0; c < c1; ++c) acc[c - c0] += row[c];
-    }
-    for (int c = c0; c < c1; ++c) dbp[c] += float(acc[c - c0]);
-  }
+  if (db) add_column_sums(dy, *db);
 }
 
 // The unfused ops in sequence: the reference the CUDA epilogues are held to.
@@ -178,9 +188,10 @@ void CpuBackend::linear_activation_forward(Activation a, const Tensor& x, const 
 // As the unfused ops, to the bit, with dy w first: then one pass over pre gives y, which dw
 // needs, and act'(pre) from one erf per element rather than two.
 void CpuBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
-                                            Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db) {
+                                            Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) {
   input_grad(dy, w, dpre, false);
   activation_with_grad(a, pre, y, dpre);
+  if (db_pre) add_column_sums(dpre, *db_pre);
   linear_backward(dy, y, w, nullptr, false, dw, db);
 }
 

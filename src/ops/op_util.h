@@ -70,10 +70,11 @@ inline void expect_rank(const char* op, const char* name, const Tensor& t, int r
 }
 
 // Whether a and b share a byte. Only real memory says: the planner's tensors carry
-// stand-in addresses, so callers skip this in a dry run.
+// stand-in addresses, so callers skip this in a dry run. A tensor without data (an absent
+// optional output) overlaps nothing.
 inline bool overlap(const Tensor& a, const Tensor& b) {
   const char *a0 = static_cast<const char*>(a.data), *b0 = static_cast<const char*>(b.data);
-  return a.bytes() > 0 && b.bytes() > 0 && a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
+  return a0 && b0 && a.bytes() > 0 && b.bytes() > 0 && a0 < b0 + b.bytes() && b0 < a0 + a.bytes();
 }
 
 struct NamedTensor {

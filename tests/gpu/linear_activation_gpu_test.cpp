@@ -86,13 +86,15 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
         // w2 [K, N], and its output gradient is dy [M, K]; act(pre) is recomputed.
         HostTensor dy = representable({M, K}, 4, -1.0f, 1.0f), pre_b = representable({M, N}, 6, -4.0f, 4.0f),
                    w2 = representable({K, N}, 7, -0.6f, 0.6f);
-        HostTensor dw0 = random({K, N}, 8), db0 = random({K}, 9);  // accumulated into
-        HostTensor act = test::filled({M, N}, 0), dpre = test::filled({M, N}, 0), dw = clone(dw0), db = clone(db0);
-        cpu.activation_linear_backward(a, dy.t, pre_b.t, w2.t, act.t, dpre.t, dw.t, &db.t);
+        // Accumulated into: dw, db and db_pre (the bias gradient of the product that made pre).
+        HostTensor dw0 = random({K, N}, 8), db0 = random({K}, 9), dbp0 = random({N}, 10);
+        HostTensor act = test::filled({M, N}, 0), dpre = test::filled({M, N}, 0), dw = clone(dw0), db = clone(db0),
+                   dbp = clone(dbp0);
+        cpu.activation_linear_backward(a, dy.t, pre_b.t, w2.t, act.t, dpre.t, dw.t, &db.t, &dbp.t);
         DeviceTensor gdy(g, t, dy), gpre_b(g, t, pre_b), gw2(g, t, w2), gact(g, t, Shape{M, N}),
             gdpre(g, t, Shape{M, N});
-        DeviceTensor gdw(g, DType::F32, dw0), gdb(g, DType::F32, db0);
-        ops::activation_linear_backward(g, a, gdy.t, gpre_b.t, gw2.t, gact.t, gdpre.t, gdw.t, &gdb.t);
+        DeviceTensor gdw(g, DType::F32, dw0), gdb(g, DType::F32, db0), gdbp(g, DType::F32, dbp0);
+        ops::activation_linear_backward(g, a, gdy.t, gpre_b.t, gw2.t, gact.t, gdpre.t, gdw.t, &gdb.t, &gdbp.t);
         expect_close("recomputed act" + at, gact.download(), act, tolerance(t, 1));
         // The unfused path rounds dy w to the dtype before multiplying by act'(pre). In F32,
         // cuBLASLt's GELU gradient is off by up to 1.1e-5 of the largest |dpre| (H200, 512 x
@@ -103,6 +105,9 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
         // rounds it again to 10 bits in the product (2^-11 = 4.9e-4).
         expect_close("dw (F32, accumulated)" + at, gdw.download(), dw, v.be == tf32.get() ? 1e-3 : tolerance(t, 1));
         expect_close("db (F32, accumulated)" + at, gdb.download(), db, 1e-5);
+        // Sums over M rows of dpre, each within its tolerance above: twice it.
+        expect_close("db_pre (F32, accumulated)" + at, gdbp.download(), dbp,
+                     t == DType::F32 ? 3e-5 : tolerance(t, 4));
       }
     }
   }
