@@ -46,17 +46,22 @@ __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int3
 // With a window, a row draws only the `span` words from the one of its first key within
 // the window (window_words) that hold such a key; the others, whose keys have no weight,
 // are not written: the kernels read them only to multiply probabilities of 0.
-__global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int window, int span, int64_t rows,
+// Index is uint32_t when every word's index and the grid's stride fit it: a 64-bit
+// division (a software routine) per word cost as much as a third of the four Philox blocks
+// it draws.
+template <typename Index>
+__global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int window, int span, Index rows,
                                  uint32_t* __restrict__ bits) {
   const uint64_t stream = dropout_stream(drop);
   const uint32_t threshold = attention_keep_threshold(drop.p);
-  for (int64_t i = grid_start(); i < rows * span; i += grid_stride()) {
-    const int64_t row = i / span;
-    const int query = window >= 0 ? int(row % S) : 0;
-    const int w = (window >= 0 ? max(query - window, 0) / 32 : 0) + int(i % span);
+  const Index words = rows * Index(span), stride = Index(gridDim.x) * blockDim.x;
+  for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += stride) {
+    const Index row = i / Index(span);
+    const int query = window >= 0 ? int(row % Index(S)) : 0;
+    const int w = (window >= 0 ? max(query - window, 0) / 32 : 0) + int(i - row * Index(span));
     const int key0 = w * 32;
     if (w >= W || (window >= 0 && int64_t(key0) > int64_t(query) + window)) continue;
-    bits[row * W + w] =
+    bits[uint64_t(row) * W + w] =
         flash::draw_keep_word(drop.seed, stream, drop.p, threshold, S, uint64_t(row) * S + key0, key0);
   }
 }
@@ -187,7 +192,11 @@ void draw_keep_bits(cudaStream_t stream, const AttentionDims& d, const DropoutSp
   if (!bits) return;
   const int W = keep_words(d.seq), span = window_words(W, d.window);
   const int64_t rows = int64_t(d.batch) * d.heads * d.seq;
-  keep_bits_kernel<<<blocks_for(rows * span), kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, rows, bits);
+  const int blocks = blocks_for(rows * span);
+  if (rows * span + int64_t(blocks) * kThreads <= int64_t(UINT32_MAX))
+    keep_bits_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, uint32_t(rows), bits);
+  else
+    keep_bits_kernel<uint64_t><<<blocks, kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, uint64_t(rows), bits);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
