@@ -7,7 +7,8 @@
 // db += column sums of dy is a product of its own with a vector of ones in half precision,
 // and a column-sum kernel in F32: the BGRADB epilogue, which overwrites, would need a
 // scratch and an add, and measured slower (it steers cuBLASLt to slower kernels: +8 to
-// +21 us a product at bert-large shapes on TF32) than a separate pass.
+// +21 us a product at bert-large shapes on TF32; in bf16 at batch 32 on an H100, +18 to +72
+// us against 12 to 50 us for the ones product) than a separate pass.
 // The feed-forward block's tanh GELU runs in the epilogues (GELU_AUX_BIAS forward, DGELU on
 // the dx product backward). BERT's erf GELU cannot: cuBLASLt has only the tanh form, and
 // cuDNN's runtime-fused matmul + erf GELU measured slower than this product plus a separate
