@@ -3,8 +3,6 @@
 // halves), reading a group before writing it, so outputs may alias inputs. Dropout
 // groups are whole Philox blocks: philox_block gives the words of four elements, bit for
 // bit the mask of the CPU backend, whatever the storage type.
-#include <algorithm>
-
 #include "cuda/cuda_backend.h"
 #include "cuda/half.h"
 #include "cuda/kernels.h"
@@ -215,24 +213,20 @@ void launch_with_grad(cudaStream_t s, const Tensor& x, Tensor& y, Tensor& dx, F 
   });
 }
 
-constexpr int kSumWarps = 8;
-
 // launch_with_grad's pass over a [rows, cols] matrix that also adds each column's sum of
-// the new dx (as stored in T) into dsum, for the bias gradient of the product that made x.
-// A block takes 32 V columns (one 16-byte access a thread: cols a multiple of V, every
-// pointer aligned) and a band of rows, which its warps split; they combine through shared
-// memory and add one atomic per column.
+// the new dx (as stored in T) into dsum, for the bias gradient of the product that made x,
+// in the layout of cuda::column_sum_blocks: V columns a thread, one 16-byte access (cols
+// a multiple of V, every pointer aligned).
 template <typename T, int V, typename F>
-__global__ void __launch_bounds__(32 * kSumWarps)
+__global__ void __launch_bounds__(32 * cuda::kColumnSumWarps)
     with_grad_sum_kernel(const T* __restrict__ x, T* __restrict__ y, T* dx, float* __restrict__ dsum, int64_t rows,
                          int cols, int64_t band, F f) {
-  __shared__ float part[kSumWarps][32 * V];
   const int c = (blockIdx.x * 32 + threadIdx.x) * V;
   const int64_t r0 = int64_t(blockIdx.y) * band, r1 = r0 + band < rows ? r0 + band : rows;
   float acc[V] = {};
   if (c < cols) {
 #pragma unroll 2
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kSumWarps) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += cuda::kColumnSumWarps) {
       float u[V], d[V];
       cuda::load_floats(x + r * cols + c, u);
       cuda::load_floats(dx + r * cols + c, d);
@@ -244,16 +238,7 @@ __global__ void __launch_bounds__(32 * kSumWarps)
       for (int k = 0; k < V; ++k) acc[k] += cuda::to_float(cuda::from_float<T>(d[k]));
     }
   }
-#pragma unroll
-  for (int k = 0; k < V; ++k) part[threadIdx.y][threadIdx.x * V + k] = acc[k];
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    float s = 0.0f;
-    for (int w = 0; w < kSumWarps; ++w) s += part[w][threadIdx.x * V + k];
-    atomicAdd(dsum + c + k, s);
-  }
+  cuda::add_column_sums<V>(acc, dsum, c, cols);
 }
 
 // with_grad_sum_kernel over x [rows, cols] where its 16-byte layout fits; false otherwise.
@@ -267,12 +252,8 @@ bool launch_with_grad_sum(cudaStream_t s, int sms, const Tensor& x, Tensor& y, T
     const T* xp = x.ptr<T>();
     T *yp = y.ptr<T>(), *dxp = dx.ptr<T>();
     if (cols % V || !cuda::aligned16(xp) || !cuda::aligned16(yp) || !cuda::aligned16(dxp)) return;
-    // About four blocks an SM, as column_sum (linear.cu): the GPU full, few atomics a column.
-    const int64_t col_blocks = (cols + 32 * V - 1) / (32 * V);
-    const int64_t bands = std::clamp<int64_t>(4 * sms / col_blocks, 1, (rows + kSumWarps - 1) / kSumWarps);
-    const int64_t band = (rows + bands - 1) / bands;
-    const dim3 grid(unsigned(col_blocks), unsigned((rows + band - 1) / band)), block(32, kSumWarps);
-    with_grad_sum_kernel<T, V><<<grid, block, 0, s>>>(xp, yp, dxp, dsum, rows, int(cols), band, f);
+    const cuda::ColumnSumBlocks l = cuda::column_sum_blocks(rows, cols, V, sms);
+    with_grad_sum_kernel<T, V><<<l.grid, l.block, 0, s>>>(xp, yp, dxp, dsum, rows, int(cols), l.band, f);
     HONE_CUDA_LAUNCH_CHECK();
     launched = true;
   });

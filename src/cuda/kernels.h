@@ -59,6 +59,41 @@ inline int blocks_for_rows(int64_t rows) { return int(std::clamp<int64_t>(rows, 
 
 __host__ __device__ __forceinline__ int64_t groups_of_4(int64_t n) { return (n + 3) / 4; }
 
+// Column sums of a [rows, cols] matrix into an F32 vector (bias gradients): a block of 32 x
+// kColumnSumWarps threads takes 32 * W columns (W per thread) and a band of rows, which
+// its warps split; column_sum_blocks sizes the grid at about four blocks an SM (the GPU
+// full, few atomics a column) and add_column_sums ends a block's work.
+constexpr int kColumnSumWarps = 8;
+
+struct ColumnSumBlocks {
+  dim3 grid, block;
+  int64_t band;  // rows a block sums
+};
+
+inline ColumnSumBlocks column_sum_blocks(int64_t rows, int64_t cols, int w, int sms) {
+  const int64_t col_blocks = (cols + 32 * w - 1) / (32 * w);
+  const int64_t bands = std::clamp<int64_t>(4 * sms / col_blocks, 1, (rows + kColumnSumWarps - 1) / kColumnSumWarps);
+  const int64_t band = (rows + bands - 1) / bands;
+  return {dim3(unsigned(col_blocks), unsigned((rows + band - 1) / band)), dim3(32, kColumnSumWarps), band};
+}
+
+// Adds the block's per-thread sums acc of columns [c, c + W) into dst: the warps' sums
+// through shared memory, in warp order, then one atomic per column and block.
+template <int W>
+__device__ __forceinline__ void add_column_sums(const float (&acc)[W], float* dst, int c, int cols) {
+  __shared__ float part[kColumnSumWarps][32 * W];
+#pragma unroll
+  for (int t = 0; t < W; ++t) part[threadIdx.y][threadIdx.x * W + t] = acc[t];
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+#pragma unroll
+  for (int t = 0; t < W; ++t) {
+    float s = 0.0f;
+    for (int y = 0; y < kColumnSumWarps; ++y) s += part[y][threadIdx.x * W + t];
+    atomicAdd(dst + c + t, s);
+  }
+}
+
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // V consecutive floats; V == 4 is one 16-byte access, so the address must be aligned.

@@ -44,21 +44,17 @@ int64_t shape_bucket(int64_t x) {
   return (x + step - 1) / step * step;
 }
 
-constexpr int kColumnSumWarps = 8;
-
-// db[c] += sum over rows of dy[r, c]. A block takes 32 * W columns and a band of rows;
-// its warps split the band, combine through shared memory, and add one atomic per
-// column into db. W is 1 or kVec<T> (one 16-byte load).
+// db[c] += sum over rows of dy[r, c], in the layout of cuda::column_sum_blocks. W is 1 or
+// kVec<T> (one 16-byte load).
 template <typename T, int W>
-__global__ void __launch_bounds__(32 * kColumnSumWarps)
+__global__ void __launch_bounds__(32 * cuda::kColumnSumWarps)
     column_sum_kernel(const T* __restrict__ dy, float* __restrict__ db, int64_t rows, int cols, int64_t band) {
-  __shared__ float part[kColumnSumWarps][32 * W];
   const int c = (blockIdx.x * 32 + threadIdx.x) * W;
   const int64_t r0 = int64_t(blockIdx.y) * band, r1 = std::min(rows, r0 + band);
   float acc[W] = {};
   if (c < cols) {
 #pragma unroll 4
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kColumnSumWarps) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += cuda::kColumnSumWarps) {
       float v[W];
       if constexpr (W == 1)
         v[0] = cuda::to_float(dy[r * cols + c]);
@@ -68,26 +64,13 @@ __global__ void __launch_bounds__(32 * kColumnSumWarps)
       for (int t = 0; t < W; ++t) acc[t] += v[t];
     }
   }
-#pragma unroll
-  for (int t = 0; t < W; ++t) part[threadIdx.y][threadIdx.x * W + t] = acc[t];
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
-#pragma unroll
-  for (int t = 0; t < W; ++t) {
-    float s = 0.0f;
-    for (int y = 0; y < kColumnSumWarps; ++y) s += part[y][threadIdx.x * W + t];
-    atomicAdd(db + c + t, s);
-  }
+  cuda::add_column_sums<W>(acc, db, c, cols);
 }
 
 template <typename T, int W>
 void column_sum(const T* dy, float* db, int64_t rows, int64_t cols, int sms, cudaStream_t stream) {
-  // About four blocks per SM: enough bands of rows to fill the GPU, few atomics per column.
-  const int64_t col_blocks = (cols + 32 * W - 1) / (32 * W);
-  const int64_t bands = std::clamp<int64_t>(4 * sms / col_blocks, 1, (rows + kColumnSumWarps - 1) / kColumnSumWarps);
-  const int64_t band = (rows + bands - 1) / bands;
-  const dim3 grid(unsigned(col_blocks), unsigned((rows + band - 1) / band)), block(32, kColumnSumWarps);
-  column_sum_kernel<T, W><<<grid, block, 0, stream>>>(dy, db, rows, int(cols), band);
+  const cuda::ColumnSumBlocks l = cuda::column_sum_blocks(rows, cols, W, sms);
+  column_sum_kernel<T, W><<<l.grid, l.block, 0, stream>>>(dy, db, rows, int(cols), l.band);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
