@@ -89,6 +89,11 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting: what this thread wrote to shared memory
+// before is visible to the threads that wait there (named_barrier) once it completes.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Adds two floats to global memory, one vector reduction.
 __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
