@@ -48,9 +48,9 @@ struct BwdSmem {
   static constexpr size_t kStats = kDS + size_t(2 * kConsumers) * kBox;  // [kStages][64] float2
   static constexpr size_t kDot = kStats + size_t(kStages) * kQueries * 8;  // [kStages][64] F32
   static constexpr size_t kBits = kDot + size_t(kStages) * kQueries * 4;  // [kStages][64][4] U32, 128-aligned
-  // Per parity of the query block, one warpgroup's dQ part for the other: [8][128] float4.
+  // Per stage, one warpgroup's dQ part for the other: [kStages][8][128] float4.
   static constexpr size_t kPart = kBits + size_t(kStages) * kQueries * 16;
-  static constexpr size_t kBars = kPart + 2 * size_t(8 * 128) * 16;
+  static constexpr size_t kBars = kPart + size_t(kStages) * 8 * 128 * 16;
   static constexpr size_t kBytes = kBars + (4 + 2 * kStages) * 8 + 1024;  // + alignment slack
 };
 
@@ -270,18 +270,18 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       // Both warpgroups' dQ parts are of the same 64 queries (over their own keys), in the
       // same fragment layout: one warpgroup, alternating by block, adds the other's part
       // from shared memory and reduces the sum into the F32 accumulator, half the global
-      // reductions (which cost 0.07 of the 0.51 ms at bert-large's shape). The adder reads
-      // the part before it releases the block's stage, and the other warpgroup writes that
-      // buffer again only two blocks on, after the stage came back: never while it is read.
-      const int parity = q_iter & 1;
-      const bool adds = wg == parity;
-      float4* part = reinterpret_cast<float4*>(smem + BwdSmem::kPart) + parity * 8 * 128 + (threadIdx.x & 127);
+      // reductions (which cost 0.07 of the 0.51 ms at bert-large's shape). The part goes
+      // through the block's stage's buffer, and the adder reads it before it releases the
+      // stage: the other warpgroup writes that buffer again only for a block of the stage's
+      // next round, which the producer loads after the release, so never while it is read.
+      const bool adds = wg == (q_iter & 1);
+      float4* part = reinterpret_cast<float4*>(smem + BwdSmem::kPart) + stage * 8 * 128 + (threadIdx.x & 127);
       if (!adds) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-        named_barrier_arrive(3 + parity, 256);
+        named_barrier_arrive(3 + stage, 256);
       } else {
-        named_barrier(3 + parity, 256);
+        named_barrier(3 + stage, 256);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float4 o = part[j * 128];
