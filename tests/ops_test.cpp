@@ -274,6 +274,12 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
   EXPECT_EQ(backward(pre.t, act.t, act.t), "activation_linear_backward: outputs y and dpre share memory");
   EXPECT_EQ(backward(narrow.t, act.t, dpre.t), "activation_linear_backward: pre has shape [5, 5], expected [5, 6]");
   EXPECT_EQ(backward(pre.t, act.t, dpre.t), "(no error)");
+  // Two absent optional outputs (db, db_pre) are not memory that two outputs share.
+  EXPECT_EQ(error_of([&] {
+              ops::activation_linear_backward(be, Activation::Gelu, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, nullptr,
+                                              nullptr);
+            }),
+            "(no error)");
   HostTensor short_bias = filled({N - 1}, 0.0f);
   EXPECT_EQ(error_of([&] {
               ops::activation_linear_backward(be, Activation::Gelu, dy.t, pre.t, w2.t, act.t, dpre.t, dw.t, &db.t,
