@@ -590,6 +590,89 @@ TEST(OpsAttentionWindow, PackedForwardCountsTheWindowFromEachSequencesStart) {
   }
 }
 
+// Training on packed sequences of lengths 7, 3 and 9 (S = 9) against the padded batch
+// whose masks attend to each sequence's first tokens: with and without dropout and a
+// window, the context, statistics and gradients of the attended rows are the padded
+// ones (the masks are the same elements of the same stream), and positions past a
+// sequence keep what the caller put in stats.
+TEST(OpsAttentionPacked, TrainingIsThePaddedBatchAtItsAttendedRows) {
+  CpuBackend be;
+  const int lengths[3] = {7, 3, 9}, S = 9, B = 3, heads = 2, hd = 4, H = heads * hd;
+  for (int window : {-1, 2})
+    for (float p : {0.0f, 0.3f}) {
+      const std::string what = "window " + std::to_string(window) + ", p " + std::to_string(p);
+      AttentionDims d{B, S, heads, hd, 0.5f};
+      d.window = window;
+      const DropoutSpec drop{p, 99, 4};
+      HostTensor padded_qkv = random({B * S, 3 * H}, 41, -2.0f, 2.0f), padded_dctx = filled({B * S, H}, 0.0f);
+      HostTensor mask = filled({B, S}, 0.0f), dctx_rand = random({B * S, H}, 42);
+      std::vector<int32_t> mask_values(B * S, 0), starts{0}, rows;
+      for (int b = 0; b < B; ++b) {
+        for (int i = 0; i < lengths[b]; ++i) {
+          mask_values[b * S + i] = 1;
+          rows.push_back(b * S + i);
+          std::memcpy(padded_dctx.f() + (b * S + i) * H, dctx_rand.f() + (b * S + i) * H, H * sizeof(float));
+        }
+        starts.push_back(int32_t(rows.size()));
+      }
+      const int T = int(rows.size());
+      HostTensor padded_mask = ints({B, S}, mask_values), row_start = ints({B + 1}, starts);
+      HostTensor qkv(DType::F32, {T, 3 * H}), dctx(DType::F32, {T, H});
+      for (int r = 0; r < T; ++r) {
+        std::memcpy(qkv.f() + r * 3 * H, padded_qkv.f() + rows[r] * 3 * H, 3 * H * sizeof(float));
+        std::memcpy(dctx.f() + r * H, padded_dctx.f() + rows[r] * H, H * sizeof(float));
+      }
+      HostTensor work(DType::F32, {be.attention_workspace_elems(d, DType::F32)});
+      HostTensor padded_stats(DType::F32, {B, heads, S, 2}), padded_ctx(DType::F32, {B * S, H});
+      HostTensor padded_dqkv(DType::F32, {B * S, 3 * H});
+      Tensor keep;
+      ops::attention_forward(be, padded_qkv.t, padded_mask.t, d, drop, padded_stats.t, keep, padded_ctx.t, work.t);
+      ops::attention_backward(be, padded_dctx.t, padded_qkv.t, padded_ctx.t, padded_mask.t, padded_stats.t, keep, d,
+                              drop, padded_dqkv.t, work.t);
+      HostTensor stats = filled({B, heads, S, 2}, 7.0f), ctx(DType::F32, {T, H}), dqkv(DType::F32, {T, 3 * H});
+      ops::attention_forward_packed(be, qkv.t, row_start.t, d, drop, stats.t, keep, ctx.t, work.t);
+      ops::attention_backward_packed(be, dctx.t, qkv.t, ctx.t, row_start.t, stats.t, keep, d, drop, dqkv.t, work.t);
+      for (int r = 0; r < T; ++r) {
+        for (int c = 0; c < H; ++c)
+          ASSERT_NEAR(ctx.f()[r * H + c], padded_ctx.f()[rows[r] * H + c], 1e-5) << what << ", row " << r;
+        for (int c = 0; c < 3 * H; ++c)
+          ASSERT_NEAR(dqkv.f()[r * 3 * H + c], padded_dqkv.f()[rows[r] * 3 * H + c], 1e-4) << what << ", row " << r;
+      }
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < S; ++i) {
+            const int at = 2 * ((b * heads + h) * S + i);
+            for (int k = 0; k < 2; ++k)
+              EXPECT_EQ(stats.f()[at + k], i < lengths[b] ? padded_stats.f()[at + k] : 7.0f) << what;
+          }
+    }
+}
+
+TEST(OpsAttentionPacked, WrapperChecksStatsRowsAndGradients) {
+  CpuBackend be;
+  AttentionDims d{2, 5, 3, 4, 0.5f};
+  HostTensor qkv = random({7, 36}, 3), row_start = ints({3}, {0, 5, 7}), ctx(DType::F32, {7, 12});
+  HostTensor stats(DType::F32, {2, 3, 5, 2}), short_stats(DType::F32, {2, 3, 4, 2});
+  HostTensor work(DType::F32, {be.attention_workspace_elems(d, DType::F32)});
+  Tensor keep;
+  EXPECT_EQ(error_of([&] {
+              ops::attention_forward_packed(be, qkv.t, row_start.t, d, {}, short_stats.t, keep, ctx.t, work.t);
+            }),
+            "attention_forward_packed: stats has shape [2, 3, 4, 2], expected [2, 3, 5, 2]");
+  HostTensor long_qkv = random({11, 36}, 3), long_ctx(DType::F32, {11, 12});
+  EXPECT_EQ(error_of([&] {
+              ops::attention_forward_packed(be, long_qkv.t, row_start.t, d, {}, stats.t, keep, long_ctx.t, work.t);
+            }),
+            "attention_forward_packed: qkv has 11 rows, more than 2 sequences of at most 5");
+  HostTensor dqkv(DType::F32, {7, 35});
+  ops::attention_forward_packed(be, qkv.t, row_start.t, d, {}, stats.t, keep, ctx.t, work.t);
+  EXPECT_EQ(error_of([&] {
+              ops::attention_backward_packed(be, ctx.t, qkv.t, ctx.t, row_start.t, stats.t, keep, d, {}, dqkv.t,
+                                             work.t);
+            }),
+            "attention_backward_packed: dqkv has shape [7, 35], expected [7, 36]");
+}
+
 TEST(OpsAttentionWindow, FlopsCountTheWindowsPairsAndTheWrapperChecksTheWindow) {
   CpuBackend be;
   const auto profiled_flops = [&](int window) {

@@ -426,20 +426,36 @@ class Backend {
   // distinct, dst [N, W]): packed rows back in the padded layout.
   virtual void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) = 0;
 
-  // Inference on packed sequences: qkv [T, 3H] holds sequence b in rows row_start[b] ..
-  // row_start[b + 1] - 1 (row_start: I32 [B + 1] in this backend's memory, from 0 to T), each
-  // attending to all of its own tokens and no other (with d.window >= 0, to those within the
-  // window, positions counted from the sequence's start); ctx [T, H] as attention_forward's. d.batch
-  // = B, d.seq = the longest sequence (the workspace is attention_workspace_elems(d)). No
-  // dropout; nothing kept for a backward.
+  // Packed sequences: qkv [T, 3H] holds sequence b in rows row_start[b] .. row_start[b + 1]
+  // - 1 (row_start: I32 [B + 1] in this backend's memory, from 0 to T), each attending to
+  // all of its own tokens and no other (with d.window >= 0, to those within the window,
+  // positions counted from the sequence's start); ctx [T, H] as attention_forward's. d.batch
+  // = B, d.seq = S, at least the longest sequence (the workspace is
+  // attention_workspace_elems(d)). Training passes dropout, stats and keep as
+  // attention_forward's, in the padded layout of d (sequence b's row i at position i): the
+  // results, statistics and dropout masks are then those of attention_forward on the padded
+  // batch whose sequence b attends to positions 0 .. len_b - 1, at the rows it attends;
+  // entries of positions past a sequence are not written. Inference passes no dropout and
+  // empty stats and keep: nothing is kept for a backward.
   virtual void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
-                                        Tensor& ctx, Tensor& workspace) = 0;
-  // Whether attention_forward_packed runs these dims in this compute dtype.
+                                        const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
+                                        Tensor& workspace) = 0;
+  // The backward of a training attention_forward_packed: dqkv [T, 3H] (overwritten).
+  virtual void attention_backward_packed(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                         const Tensor& row_start, const Tensor& stats, const Tensor& keep,
+                                         const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
+                                         Tensor& workspace) = 0;
+  // Whether attention_forward_packed runs these dims in this compute dtype for inference.
   virtual bool packs_attention(const AttentionDims& d, DType t) const = 0;
+  // Whether packed training runs attention on the packed rows in this compute dtype
+  // (attention_forward_packed with stats, attention_backward_packed), rather than in the
+  // padded layout through row copies.
+  virtual bool packs_training_attention(const AttentionDims&, DType) const { return false; }
   // Whether training may run a batch's attended tokens alone (the model's packed training:
-  // products, norms and element-wise ops on the packed rows, attention in the padded
-  // layout). A backend that records steps packs only runs whose steps are too large for
-  // recording to pay (TrainingRun::kPackedTrainingTokens).
+  // products, norms and element-wise ops on the packed rows; attention too where
+  // packs_training_attention says so, else in the padded layout). A backend that records
+  // steps packs only runs whose steps are too large for recording to pay
+  // (TrainingRun::kPackedTrainingTokens).
   virtual bool packs_training() const { return false; }
 
   // Mean loss over the batch into loss[0] (F32) and its gradient times grad_scale into

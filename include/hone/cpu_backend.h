@@ -63,9 +63,14 @@ class CpuBackend final : public Backend {
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
-  void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,
+  void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                                const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
                                 Tensor& workspace) override;
+  void attention_backward_packed(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& row_start,
+                                 const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                                 const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
   bool packs_attention(const AttentionDims&, DType t) const override { return t == DType::F32; }
+  bool packs_training_attention(const AttentionDims&, DType t) const override { return t == DType::F32; }
   bool packs_training() const override { return pack_training; }
   bool pack_training = true;  // false: train on the padded batch (tests compare the two)
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;

@@ -221,9 +221,10 @@ class SequenceClassifier {
     const DropoutState& drop;
     int64_t tokens;  // batch x seq, or the packed batch's tokens
     AttentionDims ad;
-    // Packed training: the layers run on the packed rows, attention and the pooling in the
-    // padded layout (scattered there and gathered back), so that backward has what the
-    // padded batch's attention keeps.
+    // Packed training: the layers run on the packed rows; attention too where the backend
+    // packs training attention (its statistics and dropout masks in the padded layout),
+    // else in the padded layout, scattered there and gathered back; mean pooling in the
+    // padded layout.
     bool packed_training = false;
     bool packed() const { return batch.tokens > 0; }
     // Packed with every row (a batch without padding, or a mask that cannot be packed):
@@ -273,6 +274,7 @@ class SequenceClassifier {
     d.window = cfg_.attention_window(l);
     return d;
   }
+  bool packs_attention_rows(const Backend& be, const Pass& p, const AttentionDims& d) const;
   // Attention of layer l from qkv into stats, keep (its dropout bits, when the backend
   // keeps them) and ctx, with its workspace.
   void attention(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& qkv, Tensor& stats,

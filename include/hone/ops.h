@@ -63,8 +63,15 @@ void gather_first_tokens(Backend& be, const Tensor& hidden, int seq, Tensor& out
 void scatter_first_tokens(Backend& be, const Tensor& dout, int seq, Tensor& dhidden);
 void gather_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);
 void scatter_rows(Backend& be, const Tensor& src, const Tensor& rows, Tensor& dst);
+// Packed sequences (Backend::attention_forward_packed): training passes dropout, stats and
+// keep as attention_forward's, in the padded layout of d; inference, the overload without them.
+void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                              const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace);
 void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
                               Tensor& ctx, Tensor& workspace);
+void attention_backward_packed(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                               const Tensor& row_start, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                               const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
 
 void cross_entropy(Backend& be, const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,
                    Tensor& loss, Tensor& dlogits);

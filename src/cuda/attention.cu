@@ -413,9 +413,22 @@ bool CudaBackend::packs_attention(const AttentionDims& d, DType t) const {
   return t != DType::F32 && cuda::flash_supports_head_dim(d.head_dim);
 }
 
+// Training keeps hone's flash kernels' statistics and keep bits: not where cuDNN runs.
+bool CudaBackend::packs_training_attention(const AttentionDims& d, DType t) const {
+  return packs_attention(d, t) && !cudnn_runs(d);
+}
+
 void CudaBackend::attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
-                                           Tensor& ctx, Tensor&) {
-  cuda::flash_forward_packed(stream_, qkv, row_start, d, ctx);
+                                           const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
+                                           Tensor&) {
+  cuda::flash_forward_packed(stream_, qkv, row_start, d, drop, stats, keep, ctx);
+}
+
+void CudaBackend::attention_backward_packed(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                            const Tensor& row_start, const Tensor& stats, const Tensor& keep,
+                                            const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
+                                            Tensor& workspace) {
+  cuda::flash_backward_packed(stream_, dctx, qkv, ctx, row_start, stats, keep, d, drop, dqkv, workspace);
 }
 
 void CudaBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,

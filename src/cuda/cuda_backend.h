@@ -111,9 +111,14 @@ class CudaBackend final : public Backend {
   void gather_first_tokens(const Tensor& hidden, int seq, Tensor& out) override;
   void gather_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
   void scatter_rows(const Tensor& src, const Tensor& rows, Tensor& dst) override;
-  void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, Tensor& ctx,
+  void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                                const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,
                                 Tensor& workspace) override;
+  void attention_backward_packed(const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& row_start,
+                                 const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                                 const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) override;
   bool packs_attention(const AttentionDims& d, DType t) const override;
+  bool packs_training_attention(const AttentionDims& d, DType t) const override;
   bool packs_training() const override { return true; }
   void scatter_first_tokens(const Tensor& dout, int seq, Tensor& dhidden) override;
   void cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, const Tensor* loss_scale,

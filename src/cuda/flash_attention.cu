@@ -73,17 +73,26 @@ int window_words(int W, int window) {
 }
 
 // row_dot[b, h, i] = dctx[b, i, head h] . ctx[b, i, head h] in F32: D / 8 lanes per row,
-// 8 elements (16 bytes) each.
+// 8 elements (16 bytes) each. items = B S heads, item (b S + i) heads + h. Packed
+// (row_start set): position i of sequence b is token row_start[b] + i, and positions past
+// the sequence are skipped.
 template <typename T, int D>
 __global__ void row_dot_kernel(const T* __restrict__ dctx, const T* __restrict__ ctx, float* __restrict__ row_dot,
-                               int64_t rows, int S, int heads) {
+                               int64_t items, int S, int heads, const int32_t* __restrict__ row_start) {
   constexpr int kLanes = D / 8;
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < rows * kLanes; base += grid_stride()) {
-    const int64_t item = (base + threadIdx.x) / kLanes;  // (token, head)
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < items * kLanes; base += grid_stride()) {
+    const int64_t item = (base + threadIdx.x) / kLanes;
     const int sub = threadIdx.x % kLanes;
+    const int64_t position = item / heads, h = item % heads, b = position / S, i = position % S;
+    int64_t token = position;
+    bool live = item < items;
+    if (live && row_start) {
+      token = row_start[b] + i;
+      live = token < row_start[b + 1];
+    }
     float sum = 0.0f;
-    if (item < rows) {
-      const int64_t offset = item * D + sub * 8;  // token * H + head * D + ...
+    if (live) {
+      const int64_t offset = (token * heads + h) * D + sub * 8;  // token * H + head * D + ...
       const int4 x = *reinterpret_cast<const int4*>(dctx + offset), y = *reinterpret_cast<const int4*>(ctx + offset);
       const uint32_t xs[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
       const uint32_t ys[4] = {uint32_t(y.x), uint32_t(y.y), uint32_t(y.z), uint32_t(y.w)};
@@ -95,10 +104,7 @@ __global__ void row_dot_kernel(const T* __restrict__ dctx, const T* __restrict__
     }
 #pragma unroll
     for (int o = kLanes / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (item < rows && sub == 0) {
-      const int64_t token = item / heads, h = item % heads, b = token / S, i = token % S;
-      row_dot[(b * heads + h) * S + i] = sum;
-    }
+    if (live && sub == 0) row_dot[(b * heads + h) * S + i] = sum;
   }
 }
 
@@ -142,9 +148,8 @@ void check_tensor(const Tensor& t, DType want, int64_t numel, const char* what) 
   if (!aligned16(t.data)) fail("flash attention: {} is not 16-byte aligned", what);
 }
 
-// The checks both directions share; returns the key lengths, computed into the workspace.
-int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
-                 const AttentionDims& d, const DropoutSpec& drop, const Tensor& workspace) {
+// The checks of every call.
+void check_call(const Tensor& qkv, const AttentionDims& d, const DropoutSpec& drop) {
   if (qkv.dtype != DType::BF16 && qkv.dtype != DType::F16)
     fail("flash attention runs in BF16 or F16, not {}", dtype_name(qkv.dtype));
   if (!flash_supports_head_dim(d.head_dim))
@@ -157,6 +162,13 @@ int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, con
     fail("flash attention: batch x heads = {} exceeds 65535", int64_t(d.batch) * d.heads);
   if (!(drop.p >= 0.0f && drop.p < 1.0f)) fail("attention dropout probability {} is not in [0, 1)", drop.p);
   if (d.window < -1) fail("flash attention: window {} must be -1 (no window) or a distance >= 0", d.window);
+}
+
+// The checks of a padded call in either direction; returns the key lengths, computed into
+// the workspace.
+int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
+                 const AttentionDims& d, const DropoutSpec& drop, const Tensor& workspace) {
+  check_call(qkv, d, drop);
   const int64_t T = int64_t(d.batch) * d.seq;
   check_tensor(qkv, qkv.dtype, T * 3 * d.hidden(), "qkv");
   check_tensor(mask, DType::I32, T, "mask");
@@ -167,6 +179,16 @@ int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, con
   key_lengths_kernel<<<d.batch, kThreads, 0, stream>>>(mask.ptr<int32_t>(), d.seq, key_lengths);
   HONE_CUDA_LAUNCH_CHECK();
   return key_lengths;
+}
+
+// The checks of a packed call in either direction: qkv holds T rows, at most B S.
+void check_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d, const DropoutSpec& drop) {
+  check_call(qkv, d, drop);
+  const int64_t T = qkv.shape[0];
+  if (qkv.shape.rank != 2 || T > int64_t(d.batch) * d.seq)
+    fail("packed flash attention: qkv {} for {} sequences of at most {}", qkv.shape.str(), d.batch, d.seq);
+  check_tensor(qkv, qkv.dtype, T * 3 * d.hidden(), "qkv");
+  check_tensor(row_start, DType::I32, d.batch + 1, "row_start");
 }
 
 float keep_scale(const DropoutSpec& drop) { return drop.p > 0.0f ? 1.0f / (1.0f - drop.p) : 1.0f; }
@@ -202,7 +224,7 @@ void draw_keep_bits(cudaStream_t stream, const AttentionDims& d, const DropoutSp
 
 // The Hopper kernels' TMA map of the keep bits (box_rows rows of four words: 128 keys); a
 // zeroed map when nothing is dropped.
-CUtensorMap keep_bits_map(const AttentionDims& d, uint32_t* bits, int box_rows) {
+CUtensorMap keep_bits_map(const AttentionDims& d, const uint32_t* bits, int box_rows) {
   if (!bits) return CUtensorMap{};
   return flash::hopper_bits_map(bits, int64_t(d.batch) * d.heads * d.seq, keep_words(d.seq), box_rows);
 }
@@ -234,19 +256,18 @@ FlashScratch flash_scratch(const AttentionDims& d) {
   return f;
 }
 
-void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
-                   const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
-  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
-  check_tensor(ctx, qkv.dtype, int64_t(d.batch) * d.seq * d.hidden(), "ctx");
-  uint32_t* bits = keep_bits(keep, d, drop);
-  draw_keep_bits(stream, d, drop, bits);
-  flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
-                       reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
-                       keep_scale(drop), bits, keep_words(d.seq)};
+namespace {
+
+// The forward of a call, padded (a.row_start null, T = B S) or packed (T rows of qkv).
+void run_forward(cudaStream_t stream, flash::ForwardArgs a, const Tensor& qkv, int64_t T, const AttentionDims& d,
+                 uint32_t* bits) {
+  draw_keep_bits(stream, d, a.drop, bits);
   a.window = d.window;
   if (use_hopper(d)) {
+    // Packed, a tile that runs past a sequence's end reads the next one's rows (or TMA's
+    // zeros past the last): their keys are masked and their queries' results not written.
     const bool bf16 = qkv.dtype == DType::BF16;
-    const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, int64_t(d.batch) * d.seq, 3 * d.hidden(), 128);
+    const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * d.hidden(), 128);
     const CUtensorMap bits_map = keep_bits_map(d, bits, 128);
     if (bf16)
       flash::launch_hopper_forward<__nv_bfloat16>(a, map, bits_map, d.batch, sm_count(), stream);
@@ -259,75 +280,99 @@ void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, c
   });
 }
 
-void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
-                          Tensor& ctx) {
-  HONE_CHECK(qkv.dtype == DType::BF16 || qkv.dtype == DType::F16, "packed flash attention takes BF16 or F16, not {}",
-             dtype_name(qkv.dtype));
-  HONE_CHECK(flash_supports_head_dim(d.head_dim), "packed flash attention: no kernel for head size {}", d.head_dim);
-  HONE_CHECK(d.window >= -1, "packed flash attention: window {} must be -1 (no window) or a distance >= 0", d.window);
-  HONE_CHECK(ctx.dtype == qkv.dtype && ctx.numel() * 3 == qkv.numel(), "packed flash attention: ctx {} for qkv {}",
-             ctx.shape.str(), qkv.shape.str());
-  flash::ForwardArgs a{qkv.data, nullptr, nullptr, ctx.data, nullptr, d.seq, d.heads, d.scale * kLog2e,
-                       DropoutSpec{}, 1.0f, nullptr, 0};
-  a.row_start = row_start.ptr<int32_t>();
-  a.window = d.window;
-  if (use_hopper(d)) {
-    // A tile that runs past a sequence's end reads the next one's rows (or TMA's zeros past
-    // the last): their keys are masked and their queries' outputs not written.
-    const bool bf16 = qkv.dtype == DType::BF16;
-    const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, qkv.shape[0], 3 * d.hidden(), 128);
-    if (bf16)
-      flash::launch_hopper_forward<__nv_bfloat16>(a, map, CUtensorMap{}, d.batch, sm_count(), stream);
-    else
-      flash::launch_hopper_forward<__half>(a, map, CUtensorMap{}, d.batch, sm_count(), stream);
-    return;
-  }
-  dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
-    flash::launch_forward<typename decltype(type)::type, decltype(dim)::value>(a, d.batch, stream);
-  });
-}
-
-void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                    const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
-                    const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
-  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
-  const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
+// The backward of a call over T rows of qkv (B S padded, or the packed rows): D =
+// rowsum(dctx * ctx), the kernel, and dQ from its F32 accumulator.
+void run_backward(cudaStream_t stream, flash::BackwardArgs a, const Tensor& dctx, const Tensor& qkv,
+                  const Tensor& ctx, int64_t T, const AttentionDims& d, Tensor& dqkv, Tensor& workspace) {
+  const int64_t H = d.hidden();
   check_tensor(dctx, qkv.dtype, T * H, "dctx");
   check_tensor(ctx, qkv.dtype, T * H, "ctx");
   check_tensor(dqkv, qkv.dtype, T * 3 * H, "dqkv");
-  uint32_t* bits = keep_bits(keep, d, drop);
   const FlashScratch f = flash_scratch(d);
-  float* dq_accum = workspace.f32() + f.dq_accum;
+  check_tensor(workspace, DType::F32, f.total, "the attention workspace");
   float* row_dot = workspace.f32() + f.row_dot;
-  HONE_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, size_t(T * H) * sizeof(float), stream));
-  flash::BackwardArgs a{qkv.data, dctx.data, mask.ptr<int32_t>(), key_lengths,
-                        reinterpret_cast<const float2*>(stats.f32()), row_dot, dq_accum, dqkv.data, d.seq,
-                        d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop), bits, keep_words(d.seq)};
+  a.dq_accum = workspace.f32() + f.dq_accum;
+  a.row_dot = row_dot;
   a.window = d.window;
+  HONE_CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, size_t(T * H) * sizeof(float), stream));
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
     using T16 = typename decltype(type)::type;
     constexpr int D = decltype(dim)::value;
-    const int64_t rows = T * d.heads;
-    row_dot_kernel<T16, D><<<blocks_for(rows * (D / 8)), kThreads, 0, stream>>>(
-        static_cast<const T16*>(dctx.data), static_cast<const T16*>(ctx.data), row_dot, rows, d.seq, d.heads);
+    const int64_t items = int64_t(d.batch) * d.seq * d.heads;
+    row_dot_kernel<T16, D><<<blocks_for(items * (D / 8)), kThreads, 0, stream>>>(
+        static_cast<const T16*>(dctx.data), static_cast<const T16*>(ctx.data), row_dot, items,
+        d.seq, d.heads, a.row_start);
     HONE_CUDA_LAUNCH_CHECK();
     if constexpr (D == flash::kHopperHeadDim) {
       if (use_hopper(d)) {
         const bool bf16 = qkv.dtype == DType::BF16;
         const CUtensorMap qkv_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * H, 64);
         const CUtensorMap dctx_map = flash::hopper_tile_map(dctx.data, bf16, T, H, 64);
-        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, keep_bits_map(d, bits, 64), d.batch, sm_count(),
-                                           stream);
+        const CUtensorMap bits_map = keep_bits_map(d, a.keep_bits, 64);
+        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, bits_map, d.batch, sm_count(), stream);
       } else {
         flash::launch_backward<T16, D>(a, d.batch, stream);
       }
     } else {
       flash::launch_backward<T16, D>(a, d.batch, stream);
     }
-    dq_store_kernel<T16><<<blocks_for(T * (H / 8)), kThreads, 0, stream>>>(dq_accum, static_cast<T16*>(dqkv.data),
+    dq_store_kernel<T16><<<blocks_for(T * (H / 8)), kThreads, 0, stream>>>(a.dq_accum, static_cast<T16*>(dqkv.data),
                                                                            T, int(H), d.scale);
     HONE_CUDA_LAUNCH_CHECK();
   });
+}
+
+}  // namespace
+
+void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
+                   const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
+  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
+  const int64_t T = int64_t(d.batch) * d.seq;
+  check_tensor(ctx, qkv.dtype, T * d.hidden(), "ctx");
+  uint32_t* bits = keep_bits(keep, d, drop);
+  const flash::ForwardArgs a{qkv.data, mask.ptr<int32_t>(), key_lengths, ctx.data,
+                             reinterpret_cast<float2*>(stats.f32()), d.seq, d.heads, d.scale * kLog2e, drop,
+                             keep_scale(drop), bits, keep_words(d.seq)};
+  run_forward(stream, a, qkv, T, d, bits);
+}
+
+void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                          const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx) {
+  check_packed(qkv, row_start, d, drop);
+  const int64_t T = qkv.shape[0];
+  check_tensor(ctx, qkv.dtype, T * d.hidden(), "ctx");
+  const bool training = stats.data != nullptr;
+  if (training) check_tensor(stats, DType::F32, int64_t(d.batch) * d.seq * d.heads * 2, "stats");
+  HONE_CHECK(training || drop.p == 0.0f, "packed flash attention: dropout without the statistics of a backward");
+  uint32_t* bits = keep_bits(keep, d, drop);
+  flash::ForwardArgs a{qkv.data, nullptr, nullptr, ctx.data,
+                       training ? reinterpret_cast<float2*>(stats.f32()) : nullptr, d.seq, d.heads,
+                       d.scale * kLog2e, drop, keep_scale(drop), bits, keep_words(d.seq)};
+  a.row_start = row_start.ptr<int32_t>();
+  run_forward(stream, a, qkv, T, d, bits);
+}
+
+void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                    const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                    const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
+  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
+  const flash::BackwardArgs a{qkv.data, dctx.data, mask.ptr<int32_t>(), key_lengths,
+                              reinterpret_cast<const float2*>(stats.f32()), nullptr, nullptr, dqkv.data, d.seq,
+                              d.heads, d.scale, d.scale * kLog2e, drop, keep_scale(drop), keep_bits(keep, d, drop),
+                              keep_words(d.seq)};
+  run_backward(stream, a, dctx, qkv, ctx, int64_t(d.batch) * d.seq, d, dqkv, workspace);
+}
+
+void flash_backward_packed(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                           const Tensor& row_start, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                           const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
+  check_packed(qkv, row_start, d, drop);
+  check_tensor(stats, DType::F32, int64_t(d.batch) * d.seq * d.heads * 2, "stats");
+  flash::BackwardArgs a{qkv.data, dctx.data, nullptr, nullptr, reinterpret_cast<const float2*>(stats.f32()),
+                        nullptr, nullptr, dqkv.data, d.seq, d.heads, d.scale, d.scale * kLog2e, drop,
+                        keep_scale(drop), keep_bits(keep, d, drop), keep_words(d.seq)};
+  a.row_start = row_start.ptr<int32_t>();
+  run_backward(stream, a, dctx, qkv, ctx, qkv.shape[0], d, dqkv, workspace);
 }
 
 }  // namespace hone::cuda

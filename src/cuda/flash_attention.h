@@ -37,14 +37,20 @@ bool flash_supports_head_dim(int head_dim);
 // With dropout, keep (I32 [B, heads, S, keep_words(S)]) receives the mask's bits.
 void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                    const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace);
-// Inference on packed sequences: sequence b is rows row_start[b] .. row_start[b + 1] - 1
-// (I32 [B + 1] on the device) of qkv [T, 3H] and ctx [T, H], attending to itself alone;
-// d.batch = B, d.seq = the longest sequence. No dropout, no stats.
+// Packed sequences: sequence b is rows row_start[b] .. row_start[b + 1] - 1 (I32 [B + 1] on
+// the device) of qkv [T, 3H] and ctx [T, H], attending to itself alone; d.batch = B, d.seq
+// = S, at least the longest sequence. Training passes stats and keep as flash_forward's,
+// in the padded layout [B, heads, S, ...] (sequence b's row i at position i); inference,
+// empty ones and no dropout.
 void flash_forward_packed(cudaStream_t stream, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
-                          Tensor& ctx);
+                          const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx);
 // dqkv is overwritten entirely (padded keys get their gradient, 0); keep is the forward's.
 void flash_backward(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                     const Tensor& mask, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
                     const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
+// The backward of a training flash_forward_packed: dqkv [T, 3H] overwritten.
+void flash_backward_packed(cudaStream_t stream, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                           const Tensor& row_start, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                           const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace);
 
 }  // namespace hone::cuda

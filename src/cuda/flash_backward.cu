@@ -1,13 +1,13 @@
 // Flash attention backward (FlashAttention-2's): a CTA of four warps takes 64 keys of one
 // (sequence, head), 16 per warp, and walks every query tile (padded queries too: their
-// rows are computed, as in the forward). Per tile each warp recomputes S^T = K Q^T for its
-// keys, P^T from the forward's {max, 1 / sum}, dP^T = V dO^T and dS^T = P^T (dP^T - D), and
-// accumulates dV += P'^T dO and dK += dS^T Q in registers (P' the dropped P). dS goes
-// through shared memory so that the CTA can add its share of dQ = dS K to an F32
-// accumulator with atomics. Key tiles past the sequence's last attended key only write
-// their zero gradients. With a window, only the query tiles that hold a query within it of
-// one of the CTA's keys are walked, and the tiles that cross its edge give the elements
-// outside it no weight.
+// rows are computed, as in the forward; a packed sequence has none). Per tile each warp
+// recomputes S^T = K Q^T for its keys, P^T from the forward's {max, 1 / sum}, dP^T = V dO^T
+// and dS^T = P^T (dP^T - D), and accumulates dV += P'^T dO and dK += dS^T Q in registers
+// (P' the dropped P). dS goes through shared memory so that the CTA can add its share of
+// dQ = dS K to an F32 accumulator with atomics. Key tiles past the sequence's last
+// attended key only write their zero gradients. With a window, only the query tiles that
+// hold a query within it of one of the CTA's keys are walked, and the tiles that cross its
+// edge give the elements outside it no weight.
 #include "cuda/check.h"
 #include "cuda/flash_kernels.h"
 
@@ -42,43 +42,45 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   const int S = a.seq, H = a.heads * D;
   const int64_t ld = 3 * int64_t(H);
   const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, key0 = blockIdx.x * Bc;
-  const int64_t seq_row0 = int64_t(b) * S;
+  const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+  const int len = rows.len;  // keys and queries at or past it are another sequence's or none
+  const int64_t seq_row0 = rows.first;
   const T* q_src = static_cast<const T*>(a.qkv) + seq_row0 * ld + h * D;
   const T* do_src = static_cast<const T*>(a.dctx) + seq_row0 * H + h * D;
   T* dk_dst = static_cast<T*>(a.dqkv) + seq_row0 * ld + H + h * D;
   T* dv_dst = dk_dst + H;
 
-  if (key0 >= weighted_keys(a.key_lengths, b, S, a.window)) {  // no query attends to these keys: dK = dV = 0
+  if (key0 >= rows.keys) {  // no query attends to these keys: dK = dV = 0 (packed: none are this sequence's)
     for (int c = threadIdx.x; c < Bc * (D / 8); c += kThreads) {
       const int r = c / (D / 8), k = c % (D / 8);
-      if (key0 + r >= S) break;
+      if (key0 + r >= len) break;
       *reinterpret_cast<int4*>(dk_dst + int64_t(key0 + r) * ld + k * 8) = make_int4(0, 0, 0, 0);
       *reinterpret_cast<int4*>(dv_dst + int64_t(key0 + r) * ld + k * 8) = make_int4(0, 0, 0, 0);
     }
     return;
   }
 
-  const int q_tiles = (S + Br - 1) / Br;
-  const BlockRange walk = window_blocks(a.window, key0, min(key0 + Bc, S) - 1, Br, q_tiles);
+  const int q_tiles = (len + Br - 1) / Br;
+  const BlockRange walk = window_blocks(a.window, key0, min(key0 + Bc, len) - 1, Br, q_tiles);
   const auto load_queries = [&](int tile) {
     const int buf = tile & 1;
-    load_rows_async<T, D>(sQ + buf * Br * LD, LD, q_src, ld, tile * Br, Br, S);
-    load_rows_async<T, D>(sO + buf * Br * LD, LD, do_src, H, tile * Br, Br, S);
+    load_rows_async<T, D>(sQ + buf * Br * LD, LD, q_src, ld, tile * Br, Br, len);
+    load_rows_async<T, D>(sO + buf * Br * LD, LD, do_src, H, tile * Br, Br, len);
     cp_async_commit();
     for (int i = threadIdx.x; i < Br; i += kThreads) {
       const int q = tile * Br + i;
-      const bool valid = q < S;  // a query past the sequence gets P = 0 (max = +inf) and D = 0
+      const bool valid = q < len;  // a query past the sequence gets P = 0 (max = +inf) and D = 0
       sStats[buf * Br + i] = valid ? a.stats[int64_t(bh) * S + q] : make_float2(INFINITY, 0.0f);
       sDot[buf * Br + i] = valid ? a.row_dot[int64_t(bh) * S + q] : 0.0f;
     }
   };
-  load_rows_async<T, D>(sK, LD, q_src + H, ld, key0, Bc, S);
-  load_rows_async<T, D>(sV, LD, q_src + 2 * H, ld, key0, Bc, S);
+  load_rows_async<T, D>(sK, LD, q_src + H, ld, key0, Bc, len);
+  load_rows_async<T, D>(sV, LD, q_src + 2 * H, ld, key0, Bc, len);
   load_queries(walk.lo);
 
   const int key_a = key0 + warp * 16 + g, key_b = key_a + 8;  // this lane's two keys
-  const int32_t* mask_row = a.mask + seq_row0;
-  const int kind_a = key_kind(mask_row, key_a, S), kind_b = key_kind(mask_row, key_b, S);
+  const int32_t* mask_row = a.row_start ? nullptr : a.mask + seq_row0;
+  const int kind_a = key_kind(mask_row, key_a, len), kind_b = key_kind(mask_row, key_b, len);
   const bool dropping = a.drop.p > 0.0f;
   const int keep_word = key_a >> 5, keep_bit = key_a & 31;  // key_b's bit is 8 higher, in the same word
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
@@ -174,11 +176,11 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
     float* acc = a.dq_accum + seq_row0 * H + h * D + cs * kCols + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < kCols / 8; ++dt) {
-      if (qa < S) {
+      if (qa < len) {
         atomicAdd(acc + int64_t(qa) * H + dt * 8, dq[dt][0]);
         atomicAdd(acc + int64_t(qa) * H + dt * 8 + 1, dq[dt][1]);
       }
-      if (qb < S) {
+      if (qb < len) {
         atomicAdd(acc + int64_t(qb) * H + dt * 8, dq[dt][2]);
         atomicAdd(acc + int64_t(qb) * H + dt * 8 + 1, dq[dt][3]);
       }
@@ -189,11 +191,11 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) {
     const int c = dt * 8 + 2 * t;
-    if (key_a < S) {
+    if (key_a < len) {
       *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_a) * ld + c) = pack<T>(dk[dt][0] * a.scale, dk[dt][1] * a.scale);
       *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_a) * ld + c) = pack<T>(dv[dt][0], dv[dt][1]);
     }
-    if (key_b < S) {
+    if (key_b < len) {
       *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_b) * ld + c) = pack<T>(dk[dt][2] * a.scale, dk[dt][3] * a.scale);
       *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_b) * ld + c) = pack<T>(dv[dt][2], dv[dt][3]);
     }

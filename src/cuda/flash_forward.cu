@@ -39,16 +39,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
   const int64_t ld = 3 * int64_t(H);
   const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, q0 = blockIdx.x * Br;
   const int warp_row0 = warp * 16 * M;  // this warp's first row in the CTA's tile
-  // A packed sequence's rows start at row_start[b]; it has `len` of them (padded: S).
-  const bool packed = a.row_start != nullptr;
-  const int len = packed ? a.row_start[b + 1] - a.row_start[b] : S;
+  const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+  const int len = rows.len;
   if (q0 >= len) return;  // past a packed sequence's end
-  const int64_t first_row = packed ? a.row_start[b] : int64_t(b) * S;
-  const T* q_src = static_cast<const T*>(a.qkv) + first_row * ld + h * D;
+  const T* q_src = static_cast<const T*>(a.qkv) + rows.first * ld + h * D;
   const T* k_src = q_src + H;
   const T* v_src = q_src + 2 * H;
-  const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
-  const int tiles = ((packed ? len : weighted_keys(a.key_lengths, b, S, a.window)) + Bc - 1) / Bc;
+  const int32_t* mask_row = a.row_start ? nullptr : a.mask + int64_t(b) * S;
+  const int tiles = (rows.keys + Bc - 1) / Bc;
   const BlockRange walk = window_blocks(a.window, q0, min(q0 + Br, len) - 1, Bc, tiles);
   const bool dropping = a.drop.p > 0.0f;
 
@@ -59,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
     cp_async_commit();
     const int key = tile * Bc + threadIdx.x;
     if (threadIdx.x < Bc)
-      sBias[buf * Bc + threadIdx.x] = packed ? (key < len ? 0.0f : -INFINITY) : key_bias(mask_row, key, S);
+      sBias[buf * Bc + threadIdx.x] = key_bias(mask_row, key, len);
   };
   load_rows_async<T, D>(sQ, LD, q_src, ld, q0, Br, len);
   load_keys(walk.lo);
@@ -196,13 +194,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs a) {
           pack<T>(o[m][dt][2] * s1, o[m][dt][3] * s1);
     }
     const int row0 = q0 + warp_row0 + m * 16 + g, row1 = row0 + 8;
-    if (t == 0 && !packed) {
-      if (row0 < S) a.stats[int64_t(bh) * S + row0] = make_float2(row_max[m][0], inv[0]);
-      if (row1 < S) a.stats[int64_t(bh) * S + row1] = make_float2(row_max[m][1], inv[1]);
+    if (t == 0 && a.stats) {
+      if (row0 < len) a.stats[int64_t(bh) * S + row0] = make_float2(row_max[m][0], inv[0]);
+      if (row1 < len) a.stats[int64_t(bh) * S + row1] = make_float2(row_max[m][1], inv[1]);
     }
   }
   __syncwarp();
-  T* ctx = static_cast<T*>(a.ctx) + first_row * H + h * D;
+  T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * D;
   for (int c = lane; c < 16 * M * (D / 8); c += 32) {
     const int r = c / (D / 8), k = c % (D / 8), row = q0 + warp_row0 + r;
     if (row < len)

@@ -10,11 +10,12 @@
 //   dQ_part = dS K over its 64 keys (dS^T through shared memory),
 // and one warpgroup, alternating by block, adds both parts to the F32 accumulator with
 // vector reductions. Dropout reads the keep bits drawn beforehand (keep_bits_kernel)
-// through the query stages. Padded queries are
-// computed (P = 0 past the sequence); key tiles past the sequence's last attended key only
-// write their zero gradients. With a window, producer and consumers walk only the query
-// blocks within it of the tile's keys, and the blocks that cross its edge give the
-// elements outside it no weight. Same arguments and results as flash_backward.cu.
+// through the query stages. Padded queries are computed (P = 0 past the sequence; a
+// packed sequence has none, and its tiles' rows past it, another sequence's, get P = 0);
+// key tiles past the sequence's last attended key only write their zero gradients. With
+// a window, producer and consumers walk only the query blocks within it of the tile's
+// keys, and the blocks that cross its edge give the elements outside it no weight. Same
+// arguments and results as flash_backward.cu.
 #include <algorithm>
 
 #include "cuda/check.h"
@@ -34,6 +35,12 @@ constexpr int kQueries = 64;                           // queries per block
 constexpr int kStages = 2;                             // query blocks in flight
 constexpr int kThreadsBwd = 128 * (kConsumers + 1);    // + the producer warpgroup
 constexpr int kBox = 64 * kD * 2;                      // one swizzled [64][64] half tile
+
+// The query blocks that key tile key0 of a sequence is weighed by (window_blocks); the
+// producer and the consumers walk the same ones.
+__device__ __forceinline__ BlockRange query_walk(const BackwardArgs& a, const SequenceRows& rows, int key0) {
+  return window_blocks(a.window, key0, min(key0 + kKeys, rows.len) - 1, kQueries, (rows.len + kQueries - 1) / kQueries);
+}
 
 struct BwdSmem {
   // Per K/V buffer (two: the next tile's load overlaps this one) K and V of 128 keys; per
@@ -91,7 +98,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   __syncthreads();
 
   const int S = a.seq, H = a.heads * kD;
-  const int key_tiles = (S + kKeys - 1) / kKeys, q_blocks = (S + kQueries - 1) / kQueries;
+  const int key_tiles = (S + kKeys - 1) / kKeys;
   const int tiles = key_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
 
@@ -101,9 +108,10 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int bh = tile / key_tiles, key0 = tile % key_tiles * kKeys, b = bh / a.heads, h = bh % a.heads;
-      if (key0 >= weighted_keys(a.key_lengths, b, S, a.window)) continue;
-      const BlockRange walk = window_blocks(a.window, key0, min(key0 + kKeys, S) - 1, kQueries, q_blocks);
-      const int row0 = b * S;
+      const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+      if (key0 >= rows.keys) continue;
+      const BlockRange walk = query_walk(a, rows, key0);
+      const int row0 = int(rows.first);
       const int buf = kv_iter & 1;
       mbar_wait(kv_empty + buf, ((kv_iter++ >> 1) & 1) ^ 1);
       if (lane == 0) {
@@ -119,7 +127,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         mbar_wait(q_empty + stage, ((q_iter / kStages) & 1) ^ 1);
         for (int i = lane; i < kQueries; i += 32) {
           const int q = qb * kQueries + i;
-          const bool valid = q < S;  // a query past the sequence gets P = 0 (max = +inf) and D = 0
+          const bool valid = q < rows.len;  // a query past the sequence gets P = 0 (max = +inf) and D = 0
           sStats[stage * kQueries + i] = valid ? a.stats[int64_t(bh) * S + q] : make_float2(INFINITY, 0.0f);
           sDot[stage * kQueries + i] = valid ? a.row_dot[int64_t(bh) * S + q] : 0.0f;
         }
@@ -145,20 +153,22 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int bh = tile / key_tiles, key0 = tile % key_tiles * kKeys, b = bh / a.heads, h = bh % a.heads;
-    const int64_t seq_row0 = int64_t(b) * S;
+    const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+    const int len = rows.len;  // keys and queries at or past it are another sequence's or none
+    const int64_t seq_row0 = rows.first;
     const int row_in_tile = wg * 64 + wq * 16;
     const int key_a = key0 + row_in_tile + g, key_b = key_a + 8;
     T* dk_dst = static_cast<T*>(a.dqkv) + seq_row0 * 3 * H + H + h * kD + 2 * t;
     T* dv_dst = dk_dst + H;
 
-    if (key0 >= weighted_keys(a.key_lengths, b, S, a.window)) {  // no query attends to these keys: dK = dV = 0
+    if (key0 >= rows.keys) {  // no query attends to these keys: dK = dV = 0 (packed: none are this sequence's)
 #pragma unroll
       for (int dt = 0; dt < kD / 8; ++dt) {
-        if (key_a < S) {
+        if (key_a < len) {
           *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_a) * 3 * H + dt * 8) = 0u;
           *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_a) * 3 * H + dt * 8) = 0u;
         }
-        if (key_b < S) {
+        if (key_b < len) {
           *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_b) * 3 * H + dt * 8) = 0u;
           *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_b) * 3 * H + dt * 8) = 0u;
         }
@@ -170,14 +180,14 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     mbar_wait(kv_full + buf, (kv_iter++ >> 1) & 1);
     const unsigned char* k_s = sK + buf * 2 * kBox;
     const unsigned char* v_s = sV + buf * 2 * kBox;
-    const int32_t* mask_row = a.mask + seq_row0;
-    const int kind_a = key_kind(mask_row, key_a, S), kind_b = key_kind(mask_row, key_b, S);
+    const int32_t* mask_row = a.row_start ? nullptr : a.mask + seq_row0;
+    const int kind_a = key_kind(mask_row, key_a, len), kind_b = key_kind(mask_row, key_b, len);
     const int bit_word = (row_in_tile + g) >> 5, bit_a = (row_in_tile + g) & 31;  // key_b: bit_a + 8, same word
     float dk[32], dv[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
 
-    const BlockRange walk = window_blocks(a.window, key0, min(key0 + kKeys, S) - 1, kQueries, q_blocks);
+    const BlockRange walk = query_walk(a, rows, key0);
     for (int qb = walk.lo; qb < walk.hi; ++qb, ++q_iter) {
       const int stage = q_iter % kStages;
       mbar_wait(q_full + stage, (q_iter / kStages) & 1);
@@ -296,8 +306,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         float* acc = a.dq_accum + seq_row0 * H + h * kD + 2 * t;
 #pragma unroll
         for (int dt = 0; dt < kD / 8; ++dt) {
-          if (qa < S) red_add_f32x2(acc + int64_t(qa) * H + dt * 8, dq[4 * dt], dq[4 * dt + 1]);
-          if (qz < S) red_add_f32x2(acc + int64_t(qz) * H + dt * 8, dq[4 * dt + 2], dq[4 * dt + 3]);
+          if (qa < len) red_add_f32x2(acc + int64_t(qa) * H + dt * 8, dq[4 * dt], dq[4 * dt + 1]);
+          if (qz < len) red_add_f32x2(acc + int64_t(qz) * H + dt * 8, dq[4 * dt + 2], dq[4 * dt + 3]);
         }
       }
     }
@@ -307,12 +317,12 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     // Keys past the sequence are not written; masked keys come out exactly 0 (P = 0).
 #pragma unroll
     for (int dt = 0; dt < kD / 8; ++dt) {
-      if (key_a < S) {
+      if (key_a < len) {
         *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_a) * 3 * H + dt * 8) =
             pack<T>(dk[4 * dt] * a.scale, dk[4 * dt + 1] * a.scale);
         *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_a) * 3 * H + dt * 8) = pack<T>(dv[4 * dt], dv[4 * dt + 1]);
       }
-      if (key_b < S) {
+      if (key_b < len) {
         *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_b) * 3 * H + dt * 8) =
             pack<T>(dk[4 * dt + 2] * a.scale, dk[4 * dt + 3] * a.scale);
         *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_b) * 3 * H + dt * 8) =

@@ -23,20 +23,6 @@ namespace hone::cuda::flash {
 
 namespace {
 
-// Where sequence b's rows are. Padded: rows b S .. b S + S - 1, keys up to
-// weighted_keys(). Packed: rows row_start[b] .. row_start[b + 1] - 1, every one a key.
-struct Rows {
-  int64_t first;
-  int len, keys;
-};
-__device__ __forceinline__ Rows sequence_rows(const ForwardArgs& a, int b) {
-  if (a.row_start) {
-    const int first = a.row_start[b], len = a.row_start[b + 1] - first;
-    return {first, len, len};
-  }
-  return {int64_t(b) * a.seq, a.seq, weighted_keys(a.key_lengths, b, a.seq, a.window)};
-}
-
 using namespace hopper;
 
 constexpr int kD = 64;
@@ -50,7 +36,7 @@ static_assert(kRows == kKeys, "Q and the key blocks share one TMA box");
 
 // The key blocks that query tile qt of a sequence weighs (window_blocks); the producer and
 // the consumers walk the same ones.
-__device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const Rows& rows, int qt) {
+__device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const SequenceRows& rows, int qt) {
   const int first = qt * kRows, last = min(first + kRows, rows.len) - 1;
   return window_blocks(a.window, first, last, kKeys, (rows.keys + kKeys - 1) / kKeys);
 }
@@ -109,7 +95,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
-      const Rows rows = sequence_rows(a, b);
+      const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
       if (qt * kRows >= rows.len) continue;  // past a packed sequence's end (the consumers skip it too)
       const BlockRange walk = key_walk(a, rows, qt);
       const int row0 = int(rows.first);
@@ -124,7 +110,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
         for (int i = lane; i < kKeys; i += 32) {
           const int key = kb * kKeys + i;
-          sBias[stage * kKeys + i] = packed ? (key < rows.len ? 0.0f : -INFINITY) : key_bias(mask_row, key, S);
+          sBias[stage * kKeys + i] = key_bias(mask_row, key, rows.len);
         }
         if (lane == 0) {
           mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
@@ -147,7 +133,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
-    const Rows rows = sequence_rows(a, b);
+    const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
     if (qt * kRows >= rows.len) continue;
     const BlockRange walk = key_walk(a, rows, qt);
     const int row_in_tile = wg * 64 + wq * 16;
@@ -255,9 +241,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       inv[r] = 1.0f / row_sum[r];
     }
     const int q_row1 = q_row0 + 8;
-    if (t == 0 && !packed) {
-      if (q_row0 < S) a.stats[int64_t(bh) * S + q_row0] = make_float2(row_max[0], inv[0]);
-      if (q_row1 < S) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
+    if (t == 0 && a.stats) {
+      if (q_row0 < rows.len) a.stats[int64_t(bh) * S + q_row0] = make_float2(row_max[0], inv[0]);
+      if (q_row1 < rows.len) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
     }
     const float s0 = inv[0] * a.keep_scale, s1 = inv[1] * a.keep_scale;
     T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * kD + 2 * t;

@@ -35,9 +35,10 @@ struct ForwardArgs {
   float keep_scale;             // 1 / (1 - p)
   const uint32_t* keep_bits;    // [B, heads, S, keep_words]: written beforehand when p > 0
   int keep_words;
-  // Packed sequences (inference) when set, [B + 1]: sequence b is rows row_start[b] ..
-  // row_start[b + 1] - 1 of qkv and ctx and attends to all of itself; S is the longest.
-  // mask, key_lengths and stats are then not read, and there is no dropout.
+  // Packed sequences when set, [B + 1]: sequence b is rows row_start[b] .. row_start[b + 1]
+  // - 1 of qkv and ctx and attends to all of itself; S is at least the longest. mask and
+  // key_lengths are then not read; stats (null in inference) and the keep bits stay in
+  // the padded layout [B, heads, S], sequence b's row i at position i.
   const int32_t* row_start = nullptr;
   int window = -1;  // AttentionDims::window; packed, positions count from each sequence's start
 };
@@ -58,6 +59,9 @@ struct BackwardArgs {
   const uint32_t* keep_bits;  // the forward's, when p > 0
   int keep_words;
   int window = -1;  // AttentionDims::window
+  // Packed sequences when set, as ForwardArgs::row_start: qkv, dctx, dq_accum and dqkv
+  // hold the packed rows; stats, row_dot and the keep bits the padded layout.
+  const int32_t* row_start = nullptr;
 };
 
 // Host launchers, instantiated for T in {__nv_bfloat16, __half} and D in {16, 32, 64, 128}.
@@ -179,12 +183,31 @@ __device__ __forceinline__ bool crosses_window(int window, int r0, int r1, int c
 // score, so the max is never -inf and this changes nothing.
 __device__ __forceinline__ float finite_max(float m) { return m == -INFINITY ? 0.0f : m; }
 
+// ---------------------------------------------------------------- sequences
+
+// Where sequence b's rows are: padded, rows b S .. b S + S - 1, keys up to
+// weighted_keys(); packed (row_start set), rows row_start[b] .. row_start[b + 1] - 1, every
+// one a key. Rows and keys at or past `len` are another sequence's or none.
+struct SequenceRows {
+  int64_t first;
+  int len, keys;
+};
+__device__ __forceinline__ SequenceRows sequence_rows(const int32_t* row_start, const int32_t* key_lengths, int b,
+                                                      int seq, int window) {
+  if (row_start) {
+    const int first = row_start[b], len = row_start[b + 1] - first;
+    return {first, len, len};
+  }
+  return {int64_t(b) * seq, seq, weighted_keys(key_lengths, b, seq, window)};
+}
+
 // ---------------------------------------------------------------- scores and dropout
 
 // What a key is to the softmax: live (1), masked (0: the score becomes -FLT_MAX, as on the
 // CPU, so a row with every key masked is uniform), or past the sequence (-1: no weight).
+// mask_row null (a packed sequence): every key within it is live.
 __device__ __forceinline__ int key_kind(const int32_t* mask_row, int j, int seq) {
-  return j < seq ? (mask_row[j] != 0 ? 1 : 0) : -1;
+  return j < seq ? (!mask_row || mask_row[j] != 0 ? 1 : 0) : -1;
 }
 
 // A score in base-2 units (exp2 of it is exp of the scaled score).
@@ -194,9 +217,9 @@ __device__ __forceinline__ float score_log2(float dot, int kind, float scale_log
 
 // The same as an addend, score_log2 = dot * scale_log2 + bias: 0 for a live key; -FLT_MAX
 // for a masked one (the product is far below its ulp, so the sum is exactly -FLT_MAX); -inf
-// past the sequence.
+// past the sequence. mask_row null: every key within the sequence is live.
 __device__ __forceinline__ float key_bias(const int32_t* mask_row, int j, int seq) {
-  return j < seq ? (mask_row[j] != 0 ? 0.0f : -FLT_MAX) : -INFINITY;
+  return j < seq ? (!mask_row || mask_row[j] != 0 ? 0.0f : -FLT_MAX) : -INFINITY;
 }
 
 // One element of the backward's tiles (rows keys, columns queries): the score s = q.k

@@ -178,25 +178,35 @@ SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch, con
           training && batch.tokens > 0};
 }
 
+// Whether this pass's attention runs on the packed rows: packed training where the backend
+// packs training attention, unless every row is packed (a mask with holes keeps the padded
+// attention's semantics; without padding the layouts are one).
+bool SequenceClassifier::packs_attention_rows(const Backend& be, const Pass& p, const AttentionDims& d) const {
+  return p.packed_training && !p.every_row() && be.packs_training_attention(d, compute_);
+}
+
 void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
                                               const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
   const AttentionDims d = dims(p, l);
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(d, compute_)});
-  if (p.packed_training) {  // in the padded layout, as the padded batch's attention
+  const DropoutSpec drop = layer_dropout(p.drop, l, 0);
+  if (packs_attention_rows(be, p, d)) {
+    ops::attention_forward_packed(be, qkv, p.batch.row_start, d, drop, stats, keep, ctx, ws);
+  } else if (p.packed_training && !be.packs_training_attention(d, compute_)) {  // in the padded layout
     const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
     Tensor padded_qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), padded_ctx = scratch(mem, "padded_context", {rows, H});
     const bool copy = !p.every_row();  // every row packed: the layouts are one (the buffers, planned, stay unused)
     if (copy) ops::scatter_rows(be, qkv, p.batch.packed_rows, padded_qkv);
-    ops::attention_forward(be, copy ? padded_qkv : qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats,
-                           keep, copy ? padded_ctx : ctx, ws);
+    ops::attention_forward(be, copy ? padded_qkv : qkv, p.batch.attention_mask, d, drop, stats, keep,
+                           copy ? padded_ctx : ctx, ws);
     if (copy) ops::gather_rows(be, padded_ctx, p.batch.packed_rows, ctx);
     mem.release(padded_ctx);
     mem.release(padded_qkv);
-  } else if (p.packed()) {
+  } else if (p.packed() && !p.packed_training) {
     ops::attention_forward_packed(be, qkv, p.batch.row_start, d, ctx, ws);
-  } else {
-    ops::attention_forward(be, qkv, p.batch.attention_mask, d, layer_dropout(p.drop, l, 0), stats, keep, ctx, ws);
+  } else {  // padded, or packed with every row (the layouts are one)
+    ops::attention_forward(be, qkv, p.batch.attention_mask, d, drop, stats, keep, ctx, ws);
   }
   mem.release(ws);
 }
@@ -237,26 +247,30 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
   const AttentionDims d = dims(p, l);
   Tensor ws =
       mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {be.attention_workspace_elems(d, compute_)});
-  if (p.packed_training) {  // in the padded layout, as the forward ran it
+  const DropoutSpec drop = layer_dropout(p.drop, l, 0);
+  if (packs_attention_rows(be, p, d)) {
+    ops::attention_backward_packed(be, d_ctx, s.qkv, s.ctx, p.batch.row_start, s.attn_stats, s.attn_keep, d, drop,
+                                   d_qkv, ws);
+  } else if (p.packed_training && !be.packs_training_attention(d, compute_)) {  // in the padded layout, as the forward
     const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
     const Tensor& packed_rows = p.batch.packed_rows;
     Tensor qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), ctx = scratch(mem, "padded_context", {rows, H});
     Tensor dctx = scratch(mem, "padded_context_grad", {rows, H}), dqkv = scratch(mem, "padded_qkv_grad", {rows, 3 * H});
     if (p.every_row()) {  // the layouts are one
-      ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
-                              layer_dropout(p.drop, l, 0), d_qkv, ws);
+      ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d, drop,
+                              d_qkv, ws);
     } else {
       ops::scatter_rows(be, s.qkv, packed_rows, qkv);
       ops::scatter_rows(be, s.ctx, packed_rows, ctx);
       ops::scatter_rows(be, d_ctx, packed_rows, dctx);
-      ops::attention_backward(be, dctx, qkv, ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
-                              layer_dropout(p.drop, l, 0), dqkv, ws);
+      ops::attention_backward(be, dctx, qkv, ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d, drop, dqkv,
+                              ws);
       ops::gather_rows(be, dqkv, packed_rows, d_qkv);
     }
     for (const Tensor* t : {&dqkv, &dctx, &ctx, &qkv}) mem.release(*t);
-  } else {
-    ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d,
-                            layer_dropout(p.drop, l, 0), d_qkv, ws);
+  } else {  // padded, or packed with every row
+    ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d, drop,
+                            d_qkv, ws);
   }
   mem.release(ws);
   mem.release(d_ctx);

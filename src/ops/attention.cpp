@@ -106,25 +106,77 @@ void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, cons
   be.attention_backward(dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
 }
 
-void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
-                              Tensor& ctx, Tensor& workspace) {
-  const char* op = "attention_forward_packed";
+namespace {
+
+// The checks of both packed directions. Training checks stats and keep as check_attention
+// does (the padded layout of d); inference, that nothing is dropped.
+void check_packed(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop, const Tensor& qkv,
+                  const Tensor& row_start, const Tensor& stats, const Tensor& keep, const Tensor& workspace,
+                  bool training) {
   check_dims(op, d);
+  detail::expect_dropout(op, drop);
   detail::expect_compute(be, op, "qkv", qkv);
   detail::expect_rank(op, "qkv", qkv, 2);
   detail::expect_shape(op, "qkv", qkv, {qkv.shape[0], 3 * int64_t(d.hidden())});
+  if (qkv.shape[0] > int64_t(d.batch) * d.seq)
+    fail("{}: qkv has {} rows, more than {} sequences of at most {}", op, qkv.shape[0], d.batch, d.seq);
   detail::expect(op, "row_start", row_start, DType::I32, {d.batch + 1});
-  detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
+  if (training) {
+    detail::expect(op, "stats", stats, DType::F32, {d.batch, d.heads, d.seq, 2});
+    if (const int words = attention_keep_words(be, d, qkv.dtype, drop); words > 0)
+      detail::expect(op, "keep", keep, DType::I32, {d.batch, d.heads, d.seq, words});
+  } else if (drop.p > 0.0f) {
+    fail("{}: dropout {} in inference, which keeps no statistics for a backward", op, drop.p);
+  }
   detail::expect_dtype(op, "workspace", workspace, DType::F32);
   if (workspace.numel() < be.attention_workspace_elems(d, qkv.dtype))
     fail("{}: workspace has {} elements, expected at least {}", op, workspace.numel(),
          be.attention_workspace_elems(d, qkv.dtype));
-  if (!be.dry_run && !be.packs_attention(d, qkv.dtype))
-    fail("{}: the {} backend does not pack attention in {}", op, be.name(), dtype_name(qkv.dtype));
+  if (!be.dry_run && !(training ? be.packs_training_attention(d, qkv.dtype) : be.packs_attention(d, qkv.dtype)))
+    fail("{}: the {} backend does not pack {} attention in {}", op, be.name(), training ? "training" : "inference",
+         dtype_name(qkv.dtype));
+}
+
+}  // namespace
+
+// The work of the packed ops depends on the lengths, which live in the backend's memory:
+// their scopes count bytes only.
+void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                              const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
+  const char* op = "attention_forward_packed";
+  check_packed(op, be, d, drop, qkv, row_start, stats, keep, workspace, true);
+  detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
   if (be.dry_run) return;
-  // The work depends on the lengths, which live in the backend's memory: bytes only.
+  detail::OpScope scope(be, op, OpClass::Attention,
+                        {0, detail::bytes(qkv, row_start, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)});
+  be.attention_forward_packed(qkv, row_start, d, drop, stats, keep, ctx, workspace);
+}
+
+void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
+                              Tensor& ctx, Tensor& workspace) {
+  const char* op = "attention_forward_packed";
+  Tensor none;
+  check_packed(op, be, d, {}, qkv, row_start, none, none, workspace, false);
+  detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
+  if (be.dry_run) return;
   detail::OpScope scope(be, op, OpClass::Attention, {0, detail::bytes(qkv, row_start, ctx)});
-  be.attention_forward_packed(qkv, row_start, d, ctx, workspace);
+  be.attention_forward_packed(qkv, row_start, d, {}, none, none, ctx, workspace);
+}
+
+void attention_backward_packed(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                               const Tensor& row_start, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
+                               const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
+  const char* op = "attention_backward_packed";
+  check_packed(op, be, d, drop, qkv, row_start, stats, keep, workspace, true);
+  const int64_t T = qkv.shape[0];
+  detail::expect(op, "dctx", dctx, qkv.dtype, {T, d.hidden()});
+  detail::expect(op, "ctx", ctx, qkv.dtype, {T, d.hidden()});
+  detail::expect(op, "dqkv", dqkv, qkv.dtype, {T, 3 * int64_t(d.hidden())});
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Attention,
+                        {0, detail::bytes(dctx, qkv, ctx, row_start, stats, dqkv) +
+                                keep_bytes(be, d, qkv.dtype, drop, keep)});
+  be.attention_backward_packed(dctx, qkv, ctx, row_start, stats, keep, d, drop, dqkv, workspace);
 }
 
 }  // namespace ops
@@ -160,12 +212,13 @@ std::pair<float, float> masked_softmax_row(float* row, const int32_t* mask, int 
   return {mx, inv};
 }
 
-// The probabilities of a row of recomputed scores, from its saved {max, 1 / sum}.
+// The probabilities of a row of recomputed scores, from its saved {max, 1 / sum} (mask
+// null: every key attended).
 void probs_row(float* row, const int32_t* mask, int n, std::pair<int, int> keys, float mx, float inv) {
   for (int j = 0; j < n; ++j) {
     if (j < keys.first || j >= keys.second)
       row[j] = -kInf;
-    else if (mask[j] == 0)
+    else if (mask && mask[j] == 0)
       row[j] += kMasked;
     row[j] = std::exp(row[j] - mx) * inv;
   }
@@ -181,16 +234,117 @@ int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d, DType) con
 
 namespace {
 
-// The scaled scores Q K^T of head pair bh, written into this thread's scratch (three
+// One (sequence, head) pair bh of a call: n rows from row `first` of qkv and ctx, the mask
+// of its keys (null: every one attended), and the padded layout's S, which indexes its
+// statistics (row i: bh S + i) and dropout elements (row i, key j: (bh S + i) S + j).
+struct HeadRows {
+  int bh, h;
+  int64_t first;
+  int n, S;
+  const int32_t* mask;
+};
+
+HeadRows padded_head(const AttentionDims& d, const int32_t* mask, int bh) {
+  const int b = bh / d.heads;
+  return {bh, bh % d.heads, int64_t(b) * d.seq, d.seq, d.seq, mask + int64_t(b) * d.seq};
+}
+
+HeadRows packed_head(const AttentionDims& d, const int32_t* row_start, int bh) {
+  const int b = bh / d.heads;
+  return {bh, bh % d.heads, row_start[b], row_start[b + 1] - row_start[b], d.seq, nullptr};
+}
+
+void check_row_start(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d) {
+  const int32_t* rs = row_start.ptr<int32_t>();
+  HONE_CHECK(rs[0] == 0 && rs[d.batch] == qkv.shape[0], "packed attention: rows {} .. {} of {}", rs[0], rs[d.batch],
+             qkv.shape[0]);
+  for (int b = 0; b < d.batch; ++b)
+    HONE_CHECK(rs[b + 1] > rs[b] && rs[b + 1] - rs[b] <= d.seq,
+               "packed attention: sequence {} has {} rows (at most {})", b, rs[b + 1] - rs[b], d.seq);
+}
+
+// The scaled scores Q K^T of one head, [n, n], written into this thread's scratch (three
 // [S, S] blocks: scores/probs, dropped probs, score gradient). Forward and backward both
 // call it, so backward recomputes exactly the forward's scores.
-float* head_scores(const AttentionDims& d, const float* qkvp, const Tensor& workspace, int bh) {
-  const int S = d.seq, H = d.hidden(), ld = 3 * H;
-  const int b = bh / d.heads, h = bh % d.heads;
-  const float* q = qkvp + int64_t(b) * S * ld + h * d.head_dim;
-  float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * S * S;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, d.head_dim, d.scale, q, ld, q + H, ld, 0.0f, p, S);
+float* head_scores(const AttentionDims& d, const float* qkvp, const Tensor& workspace, const HeadRows& r) {
+  const int H = d.hidden(), ld = 3 * H;
+  const float* q = qkvp + r.first * ld + r.h * d.head_dim;
+  float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * r.S * r.S;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r.n, r.n, d.head_dim, d.scale, q, ld, q + H, ld, 0.0f, p, r.n);
   return p;
+}
+
+// ctx = dropout(softmax(scores)) V for one head; its statistics into stats (when given).
+void forward_head(const AttentionDims& d, const DropoutSpec& drop, const float* qkvp, const HeadRows& r,
+                  float* statsp, float* ctxp, const Tensor& workspace) {
+  const int n = r.n, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const bool dropping = drop.p > 0.0f;
+  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
+  float* p = head_scores(d, qkvp, workspace, r);
+  float* dropped = p + int64_t(n) * n;
+  const uint64_t base = uint64_t(r.bh) * r.S * r.S;  // flat index of probs[b, h, 0, 0]
+  for (int i = 0; i < n; ++i) {
+    float* row = p + int64_t(i) * n;
+    const auto [mx, inv] = masked_softmax_row(row, r.mask, n, window_keys(d.window, i, n));
+    if (statsp) {
+      statsp[2 * (int64_t(r.bh) * r.S + i)] = mx;
+      statsp[2 * (int64_t(r.bh) * r.S + i) + 1] = inv;
+    }
+    if (dropping) {
+      float* out = dropped + int64_t(i) * n;
+      ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * r.S, n,
+                                           [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
+    }
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, 1.0f, dropping ? dropped : p, n,
+              qkvp + r.first * ld + 2 * H + r.h * hd, ld, 0.0f, ctxp + r.first * H + r.h * hd, H);
+}
+
+// dQ, dK, dV of one head into dqkv, from the forward's statistics.
+void backward_head(const AttentionDims& d, const DropoutSpec& drop, const float* qkvp, const float* dctxp,
+                   const float* statsp, float* dqkvp, const HeadRows& r, const Tensor& workspace) {
+  const int n = r.n, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
+  const bool dropping = drop.p > 0.0f;
+  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
+  // The forward's probabilities again: the same product, then the saved statistics.
+  float* p = head_scores(d, qkvp, workspace, r);
+  float* dropped = p + int64_t(n) * n;
+  float* dscores = dropped + int64_t(n) * n;
+  for (int i = 0; i < n; ++i) {
+    const float* st = statsp + 2 * (int64_t(r.bh) * r.S + i);
+    probs_row(p + int64_t(i) * n, r.mask, n, window_keys(d.window, i, n), st[0], st[1]);
+  }
+  const int64_t off = r.first * ld + r.h * hd;
+  const float* q = qkvp + off;
+  const float* k = q + H;
+  const float* v = q + 2 * H;
+  float* dq = dqkvp + off;
+  float* dk = dq + H;
+  float* dv = dq + 2 * H;
+  const float* dc = dctxp + r.first * H + r.h * hd;
+  const uint64_t base = uint64_t(r.bh) * r.S * r.S;
+  // d(dropped probs) = dctx V^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, n);
+  for (int i = 0; i < n; ++i) {
+    const float* prow = p + int64_t(i) * n;
+    float* g = dscores + int64_t(i) * n;
+    if (dropping) {
+      // One walk of the mask gives both the dropped probs (for dV) and d(probs).
+      float* out = dropped + int64_t(i) * n;
+      ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * r.S, n, [&](int64_t j, bool keep) {
+        out[j] = keep ? prow[j] * keep_scale : 0.0f;
+        g[j] = keep ? g[j] * keep_scale : 0.0f;
+      });
+    }
+    // Softmax backward: dS = P * (dP - sum(dP * P)).
+    double dot = 0;
+    for (int j = 0; j < n; ++j) dot += double(g[j]) * prow[j];
+    for (int j = 0; j < n; ++j) g[j] = prow[j] * (g[j] - float(dot));
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, n, 1.0f, dropping ? dropped : p, n, dc, H, 0.0f, dv,
+              ld);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, d.scale, dscores, n, k, ld, 0.0f, dq, ld);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, n, d.scale, dscores, n, q, ld, 0.0f, dk, ld);
 }
 
 }  // namespace
@@ -198,117 +352,41 @@ float* head_scores(const AttentionDims& d, const float* qkvp, const Tensor& work
 void CpuBackend::attention_forward(const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                                    const DropoutSpec& drop, Tensor& stats, Tensor& /*keep*/, Tensor& ctx,
                                    Tensor& workspace) {
-  const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
-  const bool dropping = drop.p > 0.0f;
-  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const float* qkvp = qkv.f32();
-  const int32_t* maskp = mask.ptr<int32_t>();
-  float* statsp = stats.f32();
-  float* ctxp = ctx.f32();
 #pragma omp parallel for schedule(dynamic)
-  for (int bh = 0; bh < d.batch * d.heads; ++bh) {
-    const int b = bh / d.heads, h = bh % d.heads;
-    float* p = head_scores(d, qkvp, workspace, bh);
-    float* dropped = p + int64_t(S) * S;
-    const int32_t* m = maskp + int64_t(b) * S;
-    const float* v = qkvp + int64_t(b) * S * ld + 2 * H + h * hd;
-    const uint64_t base = uint64_t(bh) * S * S;  // flat index of probs[b, h, 0, 0]
-    for (int i = 0; i < S; ++i) {
-      float* row = p + int64_t(i) * S;
-      const auto [mx, inv] = masked_softmax_row(row, m, S, window_keys(d.window, i, S));
-      statsp[2 * (int64_t(bh) * S + i)] = mx;
-      statsp[2 * (int64_t(bh) * S + i) + 1] = inv;
-      if (dropping) {
-        float* out = dropped + int64_t(i) * S;
-        ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * S, S,
-                                   [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
-      }
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, v, ld, 0.0f,
-                ctxp + int64_t(b) * S * H + h * hd, H);
-  }
+  for (int bh = 0; bh < d.batch * d.heads; ++bh)
+    forward_head(d, drop, qkv.f32(), padded_head(d, mask.ptr<int32_t>(), bh), stats.f32(), ctx.f32(), workspace);
 }
 
-// As attention_forward without a mask or dropout, one sequence's rows at a time (the window
-// counted from the sequence's first row).
+// As attention_forward, one sequence's rows at a time (the window counted from the
+// sequence's first row); statistics and dropout elements in the padded layout.
 void CpuBackend::attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
-                                          Tensor& ctx, Tensor& workspace) {
-  const int H = d.hidden(), hd = d.head_dim, ld = 3 * H;
-  const int32_t* rs = row_start.ptr<int32_t>();
-  HONE_CHECK(rs[0] == 0 && rs[d.batch] == qkv.shape[0], "packed attention: rows {} .. {} of {}", rs[0], rs[d.batch],
-             qkv.shape[0]);
-  for (int b = 0; b < d.batch; ++b)
-    HONE_CHECK(rs[b + 1] > rs[b] && rs[b + 1] - rs[b] <= d.seq, "packed attention: sequence {} has {} rows (at most {})",
-               b, rs[b + 1] - rs[b], d.seq);
-  const float* qkvp = qkv.f32();
-  float* ctxp = ctx.f32();
+                                          const DropoutSpec& drop, Tensor& stats, Tensor& /*keep*/, Tensor& ctx,
+                                          Tensor& workspace) {
+  check_row_start(qkv, row_start, d);
+  float* statsp = stats.data ? stats.f32() : nullptr;
 #pragma omp parallel for schedule(dynamic)
-  for (int bh = 0; bh < d.batch * d.heads; ++bh) {
-    const int b = bh / d.heads, h = bh % d.heads, n = rs[b + 1] - rs[b];
-    const float* q = qkvp + int64_t(rs[b]) * ld + h * hd;
-    float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * d.seq * d.seq;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, d.scale, q, ld, q + H, ld, 0.0f, p, n);
-    for (int i = 0; i < n; ++i) masked_softmax_row(p + int64_t(i) * n, nullptr, n, window_keys(d.window, i, n));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, 1.0f, p, n, q + 2 * H, ld, 0.0f,
-                ctxp + int64_t(rs[b]) * H + h * hd, H);
-  }
+  for (int bh = 0; bh < d.batch * d.heads; ++bh)
+    forward_head(d, drop, qkv.f32(), packed_head(d, row_start.ptr<int32_t>(), bh), statsp, ctx.f32(), workspace);
 }
 
 void CpuBackend::attention_backward(const Tensor& dctx, const Tensor& qkv, const Tensor& /*ctx*/, const Tensor& mask,
                                     const Tensor& stats, const Tensor& /*keep*/, const AttentionDims& d,
                                     const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
-  const int S = d.seq, H = d.hidden(), hd = d.head_dim, ld = 3 * H;
-  const bool dropping = drop.p > 0.0f;
-  const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const float* qkvp = qkv.f32();
-  const float* dctxp = dctx.f32();
-  const float* statsp = stats.f32();
-  const int32_t* maskp = mask.ptr<int32_t>();
-  float* dqkvp = dqkv.f32();
 #pragma omp parallel for schedule(dynamic)
-  for (int bh = 0; bh < d.batch * d.heads; ++bh) {
-    const int b = bh / d.heads, h = bh % d.heads;
-    // The forward's probabilities again: the same product, then the saved statistics.
-    float* p = head_scores(d, qkvp, workspace, bh);
-    float* dropped = p + int64_t(S) * S;
-    float* dscores = dropped + int64_t(S) * S;
-    const int32_t* m = maskp + int64_t(b) * S;
-    for (int i = 0; i < S; ++i) {
-      const float* st = statsp + 2 * (int64_t(bh) * S + i);
-      probs_row(p + int64_t(i) * S, m, S, window_keys(d.window, i, S), st[0], st[1]);
-    }
-    const int64_t off = int64_t(b) * S * ld + h * hd;
-    const float* q = qkvp + off;
-    const float* k = q + H;
-    const float* v = q + 2 * H;
-    float* dq = dqkvp + off;
-    float* dk = dq + H;
-    float* dv = dq + 2 * H;
-    const float* dc = dctxp + int64_t(b) * S * H + h * hd;
-    const uint64_t base = uint64_t(bh) * S * S;
-    // d(dropped probs) = dctx V^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, S);
-    for (int i = 0; i < S; ++i) {
-      const float* prow = p + int64_t(i) * S;
-      float* g = dscores + int64_t(i) * S;
-      if (dropping) {
-        // One walk of the mask gives both the dropped probs (for dV) and d(probs).
-        float* out = dropped + int64_t(i) * S;
-        ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * S, S, [&](int64_t j, bool keep) {
-          out[j] = keep ? prow[j] * keep_scale : 0.0f;
-          g[j] = keep ? g[j] * keep_scale : 0.0f;
-        });
-      }
-      // Softmax backward: dS = P * (dP - sum(dP * P)).
-      double dot = 0;
-      for (int j = 0; j < S; ++j) dot += double(g[j]) * prow[j];
-      for (int j = 0; j < S; ++j) g[j] = prow[j] * (g[j] - float(dot));
-    }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, 1.0f, dropping ? dropped : p, S, dc, H, 0.0f,
-                dv, ld);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, k, ld, 0.0f, dq, ld);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, hd, S, d.scale, dscores, S, q, ld, 0.0f, dk, ld);
-  }
+  for (int bh = 0; bh < d.batch * d.heads; ++bh)
+    backward_head(d, drop, qkv.f32(), dctx.f32(), stats.f32(), dqkv.f32(), padded_head(d, mask.ptr<int32_t>(), bh),
+                  workspace);
+}
+
+void CpuBackend::attention_backward_packed(const Tensor& dctx, const Tensor& qkv, const Tensor& /*ctx*/,
+                                           const Tensor& row_start, const Tensor& stats, const Tensor& /*keep*/,
+                                           const AttentionDims& d, const DropoutSpec& drop, Tensor& dqkv,
+                                           Tensor& workspace) {
+  check_row_start(qkv, row_start, d);
+#pragma omp parallel for schedule(dynamic)
+  for (int bh = 0; bh < d.batch * d.heads; ++bh)
+    backward_head(d, drop, qkv.f32(), dctx.f32(), stats.f32(), dqkv.f32(),
+                  packed_head(d, row_start.ptr<int32_t>(), bh), workspace);
 }
 
 }  // namespace hone

@@ -6,7 +6,8 @@
 // case runs on both of hone's kernel sets: the default (Hopper's wgmma/TMA kernels for head
 // size 64 on a 9.0 GPU) and HONE_ATTENTION=flash2 (the mma.sync ones everywhere). Sliding
 // windows (ModernBERT's local attention) in the padded and the packed forward, and under
-// HONE_ATTENTION=cudnn, which hands windowed calls to hone's kernels. Then the time of
+// HONE_ATTENTION=cudnn, which hands windowed calls to hone's kernels. Packed training
+// against the padded batch, bit for bit. Then the time of
 // forward and backward at BERT-large's shape against cuDNN's fused attention and a dense
 // cuBLASLt product, printed only, and a windowed 8192-token sequence against full
 // attention, which it must beat by far.
@@ -399,6 +400,178 @@ TEST_F(FlashAttention, PackedSlidingWindowMatchesCpuReference) {
         }
       });
     }
+}
+
+// A padded batch whose sequences attend to their first lengths[b] tokens, and the same
+// sequences packed: the padded rows past each sequence hold values of their own (and dctx
+// 0 there, as the model's scatter gives), the packed rows are the attended ones.
+struct PackedBatch {
+  int batch, seq;
+  std::vector<int32_t> mask, row_start{0}, rows;  // rows: each packed row's padded row
+  PackedBatch(const std::vector<int32_t>& lengths, int seq) : batch(int(lengths.size())), seq(seq) {
+    for (int b = 0; b < batch; ++b) {
+      const std::vector<int32_t> m = right_padded(seq, lengths[size_t(b)]);
+      mask.insert(mask.end(), m.begin(), m.end());
+      for (int i = 0; i < lengths[size_t(b)]; ++i) rows.push_back(b * seq + i);
+      row_start.push_back(int32_t(rows.size()));
+    }
+  }
+  int64_t tokens() const { return int64_t(rows.size()); }
+  std::vector<float> pack(const std::vector<float>& padded, int64_t cols) const {
+    std::vector<float> out;
+    out.reserve(rows.size() * size_t(cols));
+    for (int32_t r : rows) out.insert(out.end(), padded.begin() + r * cols, padded.begin() + (r + 1) * cols);
+    return out;
+  }
+};
+
+struct TrainingOutputs {
+  std::vector<float> ctx, dqkv, stats;
+  std::vector<int32_t> keep;
+};
+
+// Forward and backward of padded (row_start null) or packed attention on the GPU.
+TrainingOutputs run_training(Backend& gpu, DType t, const AttentionDims& d, const PackedBatch& pb, bool packed,
+                             const std::vector<float>& qkv, const std::vector<float>& dctx, const DropoutSpec& drop) {
+  const int64_t T = packed ? pb.tokens() : int64_t(d.batch) * d.seq, H = d.hidden();
+  DeviceTensor q(gpu, t, Shape{T, 3 * H}), m(gpu, DType::I32, Shape{d.batch, d.seq}),
+      rs(gpu, DType::I32, Shape{d.batch + 1}), g(gpu, t, Shape{T, H}),
+      stats(gpu, DType::F32, Shape{d.batch, d.heads, d.seq, 2}), ctx(gpu, t, Shape{T, H}),
+      dqkv(gpu, t, Shape{T, 3 * H}), work(gpu, DType::F32, Shape{gpu.attention_workspace_elems(d, t)});
+  const int words = std::max(ops::attention_keep_words(gpu, d, t, drop), 1);
+  DeviceTensor keep(gpu, DType::I32, Shape{d.batch, d.heads, d.seq, words});
+  q.upload(qkv);
+  g.upload(dctx);
+  m.upload_bytes(pb.mask.data());
+  rs.upload_bytes(pb.row_start.data());
+  const std::vector<float> unwritten(size_t(stats.t.numel()), 7.0f);
+  stats.upload(unwritten);
+  if (packed) {
+    ops::attention_forward_packed(gpu, q.t, rs.t, d, drop, stats.t, keep.t, ctx.t, work.t);
+    ops::attention_backward_packed(gpu, g.t, q.t, ctx.t, rs.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
+  } else {
+    ops::attention_forward(gpu, q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t);
+    ops::attention_backward(gpu, g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
+  }
+  gpu.synchronize();
+  std::vector<int32_t> bits(size_t(keep.t.numel()));
+  keep.download_bytes(bits.data());
+  return {ctx.download(), dqkv.download(), stats.download(), bits};
+}
+
+// Packed training (the varlen forward with statistics and dropout, and its backward)
+// against the padded batch on the GPU: the context, the statistics and the dropout bits of
+// the attended rows bit for bit, dK and dV too (the same products summed in the same
+// order: the padded rows past a sequence add exact zeros, as the packed tiles' rows of
+// the next sequence do), dQ within the order of its F32 reductions; statistics of
+// positions past a sequence unwritten; and all of it against the CPU's packed reference.
+// Lengths end inside and at the edges of the tiles, and S is above the longest.
+TEST_F(FlashAttention, PackedTrainingIsThePaddedBatch) {
+  const PackedBatch pb({77, 1, 200, 128, 513, 64}, 520);
+  const int64_t T = pb.tokens();
+  CpuBackend cpu;
+  for (int head_dim : {16, 32, 64, 128})
+    for (int window : {-1, 3})
+      for (float p : {0.0f, 0.3f}) {
+        AttentionDims d{pb.batch, pb.seq, 2, head_dim, 1.0f / std::sqrt(float(head_dim))};
+        d.window = window;
+        const DropoutSpec drop{p, 4321, 6};
+        const int64_t H = d.hidden(), padded = int64_t(pb.batch) * pb.seq;
+        for_each_kernel_set([&](const std::string& k) {
+          for (DType t : {DType::BF16, DType::F16}) {
+            SCOPED_TRACE(fmt::format("{} {} head_dim={} window={} p={}", k, label(t), head_dim, window, p));
+            std::printf("  packed training: %s %s head_dim=%d window=%d p=%.1f\n", k.c_str(), label(t), head_dim,
+                        window, p);
+            std::vector<float> qkv = uniform(padded * 3 * H, 51 + head_dim, -2.0f, 2.0f);
+            std::vector<float> dctx = uniform(padded * H, 52, -1.0f, 1.0f);
+            for (int64_t r = 0; r < padded; ++r)
+              if (pb.mask[size_t(r)] == 0) std::fill_n(dctx.begin() + r * H, H, 0.0f);
+            round_all(qkv, t);
+            round_all(dctx, t);
+            const std::vector<float> packed_qkv = pb.pack(qkv, 3 * H), packed_dctx = pb.pack(dctx, H);
+            const TrainingOutputs want = run_training(gpu(), t, d, pb, false, qkv, dctx, drop);
+            const TrainingOutputs got = run_training(gpu(), t, d, pb, true, packed_qkv, packed_dctx, drop);
+            const std::vector<float> want_ctx = pb.pack(want.ctx, H), want_dqkv = pb.pack(want.dqkv, 3 * H);
+            ASSERT_EQ(got.keep, want.keep) << "the dropout bits";
+            for (int b = 0; b < pb.batch; ++b)
+              for (int h = 0; h < d.heads; ++h)
+                for (int i = 0; i < pb.seq; ++i) {
+                  const size_t at = 2 * ((size_t(b) * d.heads + h) * pb.seq + i);
+                  const bool live = i < pb.row_start[size_t(b) + 1] - pb.row_start[size_t(b)];
+                  for (size_t e = at; e < at + 2; ++e)
+                    ASSERT_EQ(got.stats[e], live ? want.stats[e] : 7.0f) << "stats of " << b << ", " << h << ", " << i;
+                }
+            for (int64_t r = 0; r < T; ++r) {
+              for (int64_t c = 0; c < H; ++c)
+                ASSERT_EQ(got.ctx[size_t(r * H + c)], want_ctx[size_t(r * H + c)]) << "ctx row " << r;
+              for (int64_t c = H; c < 3 * H; ++c)
+                ASSERT_EQ(got.dqkv[size_t(r * 3 * H + c)], want_dqkv[size_t(r * 3 * H + c)]) << "dK, dV row " << r;
+            }
+            expect_close("dQ", got.dqkv, want_dqkv, 3 * H, 0, H, 1e-3);
+
+            HostTensor q(DType::F32, Shape{T, 3 * H}), g(DType::F32, Shape{T, H}), rs(DType::I32, Shape{pb.batch + 1}),
+                stats(DType::F32, Shape{d.batch, d.heads, d.seq, 2}), ctx(DType::F32, Shape{T, H}),
+                dqkv(DType::F32, Shape{T, 3 * H}),
+                work(DType::F32, Shape{cpu.attention_workspace_elems(d, DType::F32)});
+            std::copy(packed_qkv.begin(), packed_qkv.end(), q.f());
+            std::copy(packed_dctx.begin(), packed_dctx.end(), g.f());
+            std::copy(pb.row_start.begin(), pb.row_start.end(), rs.i());
+            Tensor no_bits;
+            ops::attention_forward_packed(cpu, q.t, rs.t, d, drop, stats.t, no_bits, ctx.t, work.t);
+            ops::attention_backward_packed(cpu, g.t, q.t, ctx.t, rs.t, stats.t, no_bits, d, drop, dqkv.t, work.t);
+            const std::vector<float> cpu_dqkv(dqkv.f(), dqkv.f() + T * 3 * H);
+            expect_close("ctx", got.ctx, std::vector<float>(ctx.f(), ctx.f() + T * H), H, 0, H, tolerance(t));
+            expect_close("dQ", got.dqkv, cpu_dqkv, 3 * H, 0, H, tolerance(t));
+            expect_close("dK", got.dqkv, cpu_dqkv, 3 * H, H, 2 * H, tolerance(t));
+            expect_close("dV", got.dqkv, cpu_dqkv, 3 * H, 2 * H, 3 * H, tolerance(t));
+          }
+        });
+      }
+}
+
+// Training attention at bert-large's heads on texts of varied length (B = 32, lengths
+// uniform in 16..512 as bench/varlen_data.py draws them, S = the longest), bf16, p = 0.1:
+// packed against the padded batch, forward + backward. Printed, never asserted.
+TEST_F(FlashAttention, PackedTrainingSpeedAtVariedLengths) {
+  std::mt19937_64 gen(7);
+  std::vector<int32_t> lengths(32);
+  for (int32_t& n : lengths) n = 16 + int32_t(gen() % 497);
+  const int S = *std::max_element(lengths.begin(), lengths.end());
+  const PackedBatch pb(lengths, S);
+  const AttentionDims d{pb.batch, S, 16, 64, 0.125f};
+  const DropoutSpec drop{0.1f, 42, 1};
+  const int64_t H = d.hidden();
+  for (bool packed : {false, true}) {
+    const int64_t T = packed ? pb.tokens() : int64_t(d.batch) * S;
+    DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{d.batch, S}),
+        rs(gpu(), DType::I32, Shape{d.batch + 1}), g(gpu(), DType::BF16, Shape{T, H}),
+        stats(gpu(), DType::F32, Shape{d.batch, d.heads, S, 2}), ctx(gpu(), DType::BF16, Shape{T, H}),
+        dqkv(gpu(), DType::BF16, Shape{T, 3 * H}),
+        work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
+        keep(gpu(), DType::I32, Shape{d.batch, d.heads, S, gpu().attention_keep_words(d, DType::BF16)});
+    q.upload(uniform(T * 3 * H, 1, -1.0f, 1.0f));
+    g.upload(uniform(T * H, 2, -1.0f, 1.0f));
+    m.upload_bytes(pb.mask.data());
+    rs.upload_bytes(pb.row_start.data());
+    const auto step = [&] {
+      if (packed) {
+        gpu().attention_forward_packed(q.t, rs.t, d, drop, stats.t, keep.t, ctx.t, work.t);
+        gpu().attention_backward_packed(g.t, q.t, ctx.t, rs.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
+      } else {
+        gpu().attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t);
+        gpu().attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
+      }
+    };
+    step();
+    gpu().synchronize();
+    constexpr int kReps = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) step();
+    gpu().synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+    std::printf("  %s: %lld rows of %d x %d, forward + backward %.3f ms\n", packed ? "packed" : "padded",
+                (long long)T, d.batch, S, ms);
+  }
 }
 
 // BERT-large's attention, B = 32, S = 512, 16 heads of 64, bf16: forward and backward in
