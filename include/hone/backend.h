@@ -435,7 +435,8 @@ class Backend {
   // attention_forward's, in the padded layout of d (sequence b's row i at position i): the
   // results, statistics and dropout masks are then those of attention_forward on the padded
   // batch whose sequence b attends to positions 0 .. len_b - 1, at the rows it attends;
-  // entries of positions past a sequence are not written. Inference passes no dropout and
+  // the statistics of rows past a sequence are not written, nor need the keep bits of its
+  // rows or keys past it be. Inference passes no dropout and
   // empty stats and keep: nothing is kept for a backward.
   virtual void attention_forward_packed(const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
                                         const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx,

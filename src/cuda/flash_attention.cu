@@ -49,18 +49,25 @@ __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int3
 // Index is uint32_t when every word's index and the grid's stride fit it: 64-bit division
 // is a software routine, and dividing each word's index so took 9% of the kernel (bert-large
 // batch 32 forward with dropout, H100: 0.243 -> 0.234 ms with 32-bit indices).
+// Packed (row_start set), a row past its sequence's end draws nothing, nor a word whose
+// keys all lie past it: nothing reads those bits but to multiply probabilities of 0.
 template <typename Index>
 __global__ void keep_bits_kernel(DropoutSpec drop, int S, int W, int window, int span, Index rows,
-                                 uint32_t* __restrict__ bits) {
+                                 uint32_t* __restrict__ bits, const int32_t* __restrict__ row_start, int heads) {
   const uint64_t stream = dropout_stream(drop);
   const uint32_t threshold = attention_keep_threshold(drop.p);
   const Index words = rows * Index(span), stride = Index(gridDim.x) * blockDim.x;
   for (Index i = Index(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += stride) {
     const Index row = i / Index(span);
-    const int query = window >= 0 ? int(row % Index(S)) : 0;
+    const int query = window >= 0 || row_start ? int(row % Index(S)) : 0;
     const int w = (window >= 0 ? max(query - window, 0) / 32 : 0) + int(i - row * Index(span));
     const int key0 = w * 32;
     if (w >= W || (window >= 0 && int64_t(key0) > int64_t(query) + window)) continue;
+    if (row_start) {
+      const Index b = row / (Index(S) * Index(heads));
+      const int len = row_start[b + 1] - row_start[b];
+      if (query >= len || key0 >= len) continue;
+    }
     bits[uint64_t(row) * W + w] =
         flash::draw_keep_word(drop.seed, stream, drop.p, threshold, S, uint64_t(row) * S + key0, key0);
   }
@@ -209,16 +216,19 @@ uint32_t* keep_bits(const Tensor& keep, const AttentionDims& d, const DropoutSpe
   return keep.ptr<uint32_t>();
 }
 
-// The forward's mask into `bits` (when dropping).
-void draw_keep_bits(cudaStream_t stream, const AttentionDims& d, const DropoutSpec& drop, uint32_t* bits) {
+// The forward's mask into `bits` (when dropping); row_start: packed sequences' lengths.
+void draw_keep_bits(cudaStream_t stream, const AttentionDims& d, const DropoutSpec& drop, uint32_t* bits,
+                    const int32_t* row_start) {
   if (!bits) return;
   const int W = keep_words(d.seq), span = window_words(W, d.window);
   const int64_t rows = int64_t(d.batch) * d.heads * d.seq;
   const int blocks = blocks_for(rows * span);
   if (rows * span + int64_t(blocks) * kThreads <= int64_t(UINT32_MAX))
-    keep_bits_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, uint32_t(rows), bits);
+    keep_bits_kernel<uint32_t><<<blocks, kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, uint32_t(rows), bits,
+                                                                row_start, d.heads);
   else
-    keep_bits_kernel<uint64_t><<<blocks, kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, uint64_t(rows), bits);
+    keep_bits_kernel<uint64_t><<<blocks, kThreads, 0, stream>>>(drop, d.seq, W, d.window, span, uint64_t(rows), bits,
+                                                                row_start, d.heads);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -261,7 +271,7 @@ namespace {
 // The forward of a call, padded (a.row_start null, T = B S) or packed (T rows of qkv).
 void run_forward(cudaStream_t stream, flash::ForwardArgs a, const Tensor& qkv, int64_t T, const AttentionDims& d,
                  uint32_t* bits) {
-  draw_keep_bits(stream, d, a.drop, bits);
+  draw_keep_bits(stream, d, a.drop, bits, a.row_start);
   a.window = d.window;
   if (use_hopper(d)) {
     // Packed, a tile that runs past a sequence's end reads the next one's rows (or TMA's

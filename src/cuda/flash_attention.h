@@ -28,7 +28,8 @@ struct FlashScratch {
 FlashScratch flash_scratch(const AttentionDims& d);
 // 32-bit words of dropout keep bits per query row, which the forward saves for the
 // backward: S rounded up to 128 keys (a 16-byte TMA row). With a window, only the words that
-// hold a key within it of the row are written.
+// hold a key within it of the row are written; packed, only those of a sequence's rows that
+// hold one of its keys.
 int keep_words(int seq);
 
 // Whether flash_forward / flash_backward run this head size.
