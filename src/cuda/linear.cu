@@ -36,11 +36,11 @@ uint32_t alignment(const void* p) {
   return a == 0 ? 256u : uint32_t(std::min<uintptr_t>(256, a & (~a + 1)));
 }
 
-// Dimensions within an eighth of an octave of each other share a bucket (above 64): a
+// Dimensions within a quarter of an octave of each other share a bucket (above 64): a
 // product's timed algorithm choice serves every shape of its bucket.
 int64_t shape_bucket(int64_t x) {
   if (x <= 64) return x;
-  const int64_t step = (int64_t(1) << (63 - __builtin_clzll(uint64_t(x)))) / 8;
+  const int64_t step = (int64_t(1) << (63 - __builtin_clzll(uint64_t(x)))) / 4;
   return (x + step - 1) / step * step;
 }
 
