@@ -1577,5 +1577,16 @@ TEST(CpuCast, RoundsToHalfPrecisionAsTheHostRoundingDoes) {
   EXPECT_THROW(ops::cast(be, src, bad), Error);
 }
 
+// OpenBLAS picks its kernels from tables of CPU models, and a CPU newer than them gets
+// generic SSE3 kernels; a CpuBackend selects the ones its vector instructions allow.
+TEST(CpuBlas, KernelsMatchTheCpusVectorInstructions) {
+  CpuBackend be;
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+    GTEST_SKIP() << "no AVX2 and FMA: OpenBLAS's generic kernels are this CPU's";
+  const std::string kernels = blas_kernels();
+  for (const char* generic : {"Prescott", "Core2", "Nehalem", "Unknown"}) EXPECT_NE(kernels, generic);
+}
+
 }  // namespace
 }  // namespace hone

@@ -229,7 +229,7 @@ TEST(Inference, PackedBatchesGiveThePaddedLogits) {
     profiler.start();
     run.infer(b, out);
     for (const TimedOp& op : profiler.finish().ops)
-      if (op.name == "attention_forward_packed") return true;
+      if (std::string(op.name) == "attention_forward_packed") return true;
     return false;
   };
   EXPECT_TRUE(ran_packed_attention(ForwardOutputs{packed.data()}));

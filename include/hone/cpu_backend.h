@@ -4,6 +4,11 @@
 
 namespace hone {
 
+// OpenBLAS's kernels for this CPU where it fell back to generic ones (blas_kernels.cpp);
+// every CpuBackend calls it before its first product. blas_kernels() names those in use.
+void select_blas_kernels();
+const char* blas_kernels();
+
 class CpuBackend final : public Backend {
  public:
   // Makes BLAS single-threaded: the ops split work across OpenMP threads themselves, and

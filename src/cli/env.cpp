@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "hone/cpu_backend.h"
 #include "hone/distributed.h"
 #include "hone/gpu_info.h"
 
@@ -33,6 +34,8 @@ int env_command() {
   const char* env_threads = std::getenv("OMP_NUM_THREADS");
   fmt::print("CPU: {} OpenMP threads of {} processors{}\n", omp_get_max_threads(), omp_get_num_procs(),
              env_threads ? fmt::format(" (OMP_NUM_THREADS={})", env_threads) : std::string());
+  select_blas_kernels();
+  fmt::print("CPU products: OpenBLAS, {} kernels\n", blas_kernels());
   fmt::print("{}", gpu_environment_report());
   const ProcessGroup g = process_group_from_env();
   fmt::print("several processes: NCCL {}, MPI {}; this process is rank {} of {} (launcher: {})\n",

@@ -59,7 +59,10 @@ void cast(Backend& be, const Tensor& src, Tensor& dst) {
 
 }  // namespace ops
 
-CpuBackend::CpuBackend() { openblas_set_num_threads(1); }
+CpuBackend::CpuBackend() {
+  select_blas_kernels();
+  openblas_set_num_threads(1);
+}
 
 // Host memory aligned for the arenas' 256-byte buffer alignment (and so for SIMD).
 void* Backend::allocate_host(size_t bytes) {
