@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int bh = tile / key_tiles, key0 = tile % key_tiles * kKeys, b = bh / a.heads, h = bh % a.heads;
+      const TileCoords tc = tile_coords(tile, key_tiles, batch * a.heads, a.row_start != nullptr);
+      const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
       if (key0 >= rows.keys) continue;
       const BlockRange walk = query_walk(a, rows, key0);
@@ -152,7 +153,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int bh = tile / key_tiles, key0 = tile % key_tiles * kKeys, b = bh / a.heads, h = bh % a.heads;
+    const TileCoords tc = tile_coords(tile, key_tiles, batch * a.heads, a.row_start != nullptr);
+    const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
     const int len = rows.len;  // keys and queries at or past it are another sequence's or none
     const int64_t seq_row0 = rows.first;

@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
+      const TileCoords tc = tile_coords(tile, q_tiles, batch * a.heads, packed);
+      const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
       if (qt * kRows >= rows.len) continue;  // past a packed sequence's end (the consumers skip it too)
       const BlockRange walk = key_walk(a, rows, qt);
@@ -132,7 +133,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int bh = tile / q_tiles, qt = tile % q_tiles, b = bh / a.heads, h = bh % a.heads;
+    const TileCoords tc = tile_coords(tile, q_tiles, batch * a.heads, packed);
+    const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
     if (qt * kRows >= rows.len) continue;
     const BlockRange walk = key_walk(a, rows, qt);

@@ -201,6 +201,24 @@ __device__ __forceinline__ SequenceRows sequence_rows(const int32_t* row_start, 
   return {int64_t(b) * seq, seq, weighted_keys(key_lengths, b, seq, window)};
 }
 
+// The (sequence and head, block) of the persistent kernels' tile t, of `blocks` blocks
+// (query tiles forward, key tiles backward) per (sequence, head) pair and `pairs` pairs.
+// Padded, a pair's blocks are neighbours, so that CTAs working at once share its rows in
+// L2. Packed, the last blocks of every pair come first: with the CTAs taking tiles in
+// turns, a CTA would otherwise take the same block index every time (132 CTAs, 4 blocks a
+// pair), and the CTAs of block 0, which every sequence has, had the most work, those of
+// the last only the longest sequences'. Heavy tiles first and light ones last: packed
+// forward + backward at bert-large's heads on 32 texts of 16..512 tokens 0.696 -> 0.672
+// ms (H100). A packed batch's rows are few enough to stay in L2 between their pair's
+// blocks.
+struct TileCoords {
+  int bh, block;
+};
+__device__ __forceinline__ TileCoords tile_coords(int t, int blocks, int pairs, bool packed) {
+  if (packed) return {t % pairs, blocks - 1 - t / pairs};
+  return {t / blocks, t % blocks};
+}
+
 // ---------------------------------------------------------------- scores and dropout
 
 // What a key is to the softmax: live (1), masked (0: the score becomes -FLT_MAX, as on the
