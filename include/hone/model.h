@@ -274,7 +274,14 @@ class SequenceClassifier {
     d.window = cfg_.attention_window(l);
     return d;
   }
-  bool packs_attention_rows(const Backend& be, const Pass& p, const AttentionDims& d) const;
+  // Where a layer's attention runs in a pass; its forward and backward both ask this.
+  enum class AttentionPath {
+    Padded,           // the padded layout (or a batch packed with every row: the layouts are one)
+    PackedRows,       // training on the packed rows
+    PaddedCopies,     // packed training through the padded layout, scattered and gathered
+    PackedInference,  // the packed rows, nothing kept for a backward
+  };
+  AttentionPath attention_path(const Backend& be, const Pass& p, const AttentionDims& d) const;
   // Attention of layer l from qkv into stats, keep (its dropout bits, when the backend
   // keeps them) and ctx, with its workspace.
   void attention(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& qkv, Tensor& stats,

@@ -178,11 +178,15 @@ SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch, con
           training && batch.tokens > 0};
 }
 
-// Whether this pass's attention runs on the packed rows: packed training where the backend
-// packs training attention, unless every row is packed (a mask with holes keeps the padded
-// attention's semantics; without padding the layouts are one).
-bool SequenceClassifier::packs_attention_rows(const Backend& be, const Pass& p, const AttentionDims& d) const {
-  return p.packed_training && !p.every_row() && be.packs_training_attention(d, compute_);
+// Packed training runs attention on the packed rows where the backend packs training
+// attention, unless every row is packed (a mask with holes keeps the padded attention's
+// semantics; without padding the layouts are one); elsewhere through the padded layout.
+SequenceClassifier::AttentionPath SequenceClassifier::attention_path(const Backend& be, const Pass& p,
+                                                                     const AttentionDims& d) const {
+  if (!p.packed()) return AttentionPath::Padded;
+  if (!p.packed_training) return AttentionPath::PackedInference;
+  if (!be.packs_training_attention(d, compute_)) return AttentionPath::PaddedCopies;
+  return p.every_row() ? AttentionPath::Padded : AttentionPath::PackedRows;
 }
 
 void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
@@ -191,22 +195,29 @@ void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(d, compute_)});
   const DropoutSpec drop = layer_dropout(p.drop, l, 0);
-  if (packs_attention_rows(be, p, d)) {
-    ops::attention_forward_packed(be, qkv, p.batch.row_start, d, drop, stats, keep, ctx, ws);
-  } else if (p.packed_training && !be.packs_training_attention(d, compute_)) {  // in the padded layout
-    const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
-    Tensor padded_qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), padded_ctx = scratch(mem, "padded_context", {rows, H});
-    const bool copy = !p.every_row();  // every row packed: the layouts are one (the buffers, planned, stay unused)
-    if (copy) ops::scatter_rows(be, qkv, p.batch.packed_rows, padded_qkv);
-    ops::attention_forward(be, copy ? padded_qkv : qkv, p.batch.attention_mask, d, drop, stats, keep,
-                           copy ? padded_ctx : ctx, ws);
-    if (copy) ops::gather_rows(be, padded_ctx, p.batch.packed_rows, ctx);
-    mem.release(padded_ctx);
-    mem.release(padded_qkv);
-  } else if (p.packed() && !p.packed_training) {
-    ops::attention_forward_packed(be, qkv, p.batch.row_start, d, ctx, ws);
-  } else {  // padded, or packed with every row (the layouts are one)
-    ops::attention_forward(be, qkv, p.batch.attention_mask, d, drop, stats, keep, ctx, ws);
+  switch (attention_path(be, p, d)) {
+    case AttentionPath::Padded:
+      ops::attention_forward(be, qkv, p.batch.attention_mask, d, drop, stats, keep, ctx, ws);
+      break;
+    case AttentionPath::PackedRows:
+      ops::attention_forward_packed(be, qkv, p.batch.row_start, d, drop, stats, keep, ctx, ws);
+      break;
+    case AttentionPath::PackedInference:
+      ops::attention_forward_packed(be, qkv, p.batch.row_start, d, ctx, ws);
+      break;
+    case AttentionPath::PaddedCopies: {
+      const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
+      Tensor padded_qkv = scratch(mem, "padded_qkv", {rows, 3 * H}),
+             padded_ctx = scratch(mem, "padded_context", {rows, H});
+      const bool copy = !p.every_row();  // every row packed: the layouts are one (the buffers, planned, stay unused)
+      if (copy) ops::scatter_rows(be, qkv, p.batch.packed_rows, padded_qkv);
+      ops::attention_forward(be, copy ? padded_qkv : qkv, p.batch.attention_mask, d, drop, stats, keep,
+                             copy ? padded_ctx : ctx, ws);
+      if (copy) ops::gather_rows(be, padded_ctx, p.batch.packed_rows, ctx);
+      mem.release(padded_ctx);
+      mem.release(padded_qkv);
+      break;
+    }
   }
   mem.release(ws);
 }
@@ -248,10 +259,12 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
   Tensor ws =
       mem.take(Category::Workspace, "attention_workspace", -1, DType::F32, {be.attention_workspace_elems(d, compute_)});
   const DropoutSpec drop = layer_dropout(p.drop, l, 0);
-  if (packs_attention_rows(be, p, d)) {
+  const AttentionPath path = attention_path(be, p, d);
+  HONE_CHECK(path != AttentionPath::PackedInference, "a backward through packed inference's attention");
+  if (path == AttentionPath::PackedRows) {
     ops::attention_backward_packed(be, d_ctx, s.qkv, s.ctx, p.batch.row_start, s.attn_stats, s.attn_keep, d, drop,
                                    d_qkv, ws);
-  } else if (p.packed_training && !be.packs_training_attention(d, compute_)) {  // in the padded layout, as the forward
+  } else if (path == AttentionPath::PaddedCopies) {  // in the padded layout, as the forward ran it
     const int64_t rows = int64_t(p.ad.batch) * p.ad.seq, H = cfg_.hidden_size;
     const Tensor& packed_rows = p.batch.packed_rows;
     Tensor qkv = scratch(mem, "padded_qkv", {rows, 3 * H}), ctx = scratch(mem, "padded_context", {rows, H});
@@ -268,7 +281,7 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
       ops::gather_rows(be, dqkv, packed_rows, d_qkv);
     }
     for (const Tensor* t : {&dqkv, &dctx, &ctx, &qkv}) mem.release(*t);
-  } else {  // padded, or packed with every row
+  } else {
     ops::attention_backward(be, d_ctx, s.qkv, s.ctx, p.batch.attention_mask, s.attn_stats, s.attn_keep, d, drop,
                             d_qkv, ws);
   }
