@@ -3,8 +3,9 @@
 // 1 x 128) and protocol (3 forward passes, then the median of 10, each ending with the
 // logits on the host), random weights. hone runs an inference-only plan (weights in the
 // compute dtype alone); the varlen batch runs packed, without its padding, in half precision. Prints one JSON line per configuration: samples/s, the plan's
-// device bytes and the process's GPU memory (NVML).
-// Usage: infer_bench [bf16|fp16|tf32 ...]   (default: bf16)
+// device bytes and the process's GPU memory (NVML). With --profile, five more passes of
+// each shape run under the op profiler and its table follows the line: where the time goes.
+// Usage: infer_bench [--profile] [bf16|fp16|tf32 ...]   (default: bf16)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 
 #include "hone/cuda.h"
 #include "hone/gpu_info.h"
+#include "hone/profile.h"
 #include "hone/trainer.h"
 #include "hone/weights.h"
 
@@ -27,7 +29,7 @@ struct Shape2 {
 };
 
 void bench(const std::string& precision, const ModelConfig& c, const std::vector<float>& weights, Shape2 s,
-           std::mt19937& g) {
+           std::mt19937& g, bool profile) {
   TrainingArguments a;
   a.bf16 = precision == "bf16";
   a.fp16 = precision == "fp16";
@@ -76,6 +78,19 @@ void bench(const std::string& precision, const ModelConfig& c, const std::vector
              precision, s.batch, s.seq, s.varlen, packed, real, s.batch / median, median * 1e3,
              run.memory().plan().total_bytes() >> 20, mem && mem->process_known ? int64_t(mem->process_used >> 20) : -1);
   std::fflush(stdout);
+  if (!profile) return;
+  const Roofline roof = measure_roofline(*be, compute_dtype(a), precision);
+  OpProfiler profiler(*be);
+  profiler.start();
+  for (int i = 0; i < 5; ++i) {
+    if (i > 0) profiler.next_step();
+    run.infer(batch, ForwardOutputs{logits.data()});
+  }
+  const ProfileContext ctx{fmt::format("bert-large-uncased inference, {} x {}{}, {}", s.batch, s.seq,
+                                       s.varlen ? " varlen" : "", precision),
+                           be->name(), "GPU time between CUDA events around each op, eager"};
+  fmt::print("{}\n", profile_table(summarize(profiler.finish(), roof), roof, ctx, 16));
+  std::fflush(stdout);
 }
 
 }  // namespace
@@ -90,6 +105,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<std::string> precisions(argv + 1, argv + argc);
+    const bool profile = !precisions.empty() && precisions.front() == "--profile";
+    if (profile) precisions.erase(precisions.begin());
     if (precisions.empty()) precisions = {"bf16"};
     const ModelConfig c = *builtin_config("bert-large-uncased");
     const ParamLayout layout(c);
@@ -102,7 +119,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       for (const Shape2 s : {Shape2{64, 128, false}, Shape2{64, 512, false}, Shape2{64, 512, true}, Shape2{1, 128, false}})
-        bench(p, c, weights, s, g);
+        bench(p, c, weights, s, g, profile);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "infer_bench: {}\n", e.what());

@@ -578,6 +578,51 @@ TEST_F(FlashAttention, PackedTrainingSpeedAtVariedLengths) {
   }
 }
 
+// The inference forward at bert-large's heads on infer_bench's varlen batch (64 texts of
+// 16..512 tokens): packed rows against the padded batch and a dense 64 x 512 batch, in
+// TFLOP/s of attended work (4 heads d sum len^2). Printed, never asserted.
+TEST_F(FlashAttention, PackedInferenceSpeedAtVariedLengths) {
+  std::mt19937_64 gen(11);
+  std::vector<int32_t> lengths(64);
+  for (int32_t& n : lengths) n = 16 + int32_t(gen() % 497);
+  const int S = 512;
+  const PackedBatch pb(lengths, S);
+  double attended = 0;
+  for (int32_t n : lengths) attended += double(n) * n;
+  for (int mode = 0; mode < 3; ++mode) {  // packed, padded, dense
+    const AttentionDims d{pb.batch, S, 16, 64, 0.125f};
+    const int64_t H = d.hidden(), T = mode == 0 ? pb.tokens() : int64_t(d.batch) * S;
+    DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{d.batch, S}),
+        rs(gpu(), DType::I32, Shape{d.batch + 1}), ctx(gpu(), DType::BF16, Shape{T, H}),
+        work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
+        stats(gpu(), DType::F32, Shape{int64_t(d.batch) * d.heads * S * 2});
+    Tensor no_stats, no_keep;  // inference keeps nothing for a backward
+    q.upload(uniform(T * 3 * H, 1, -1.0f, 1.0f));
+    if (mode == 2)
+      m.upload_bytes(std::vector<int32_t>(size_t(d.batch) * S, 1).data());
+    else
+      m.upload_bytes(pb.mask.data());
+    rs.upload_bytes(pb.row_start.data());
+    const DropoutSpec none{};
+    const auto step = [&] {
+      if (mode == 0)
+        gpu().attention_forward_packed(q.t, rs.t, d, none, no_stats, no_keep, ctx.t, work.t);
+      else
+        gpu().attention_forward(q.t, m.t, d, none, stats.t, no_keep, ctx.t, work.t);
+    };
+    step();
+    gpu().synchronize();
+    constexpr int kReps = 50;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) step();
+    gpu().synchronize();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+    const double work_flops = 4.0 * d.heads * d.head_dim * (mode == 2 ? double(d.batch) * S * S : attended);
+    std::printf("  %s: forward %.3f ms, %.0f TFLOP/s of attended work\n",
+                mode == 0 ? "packed" : mode == 1 ? "padded" : "dense 64 x 512", ms, work_flops / ms / 1e9);
+  }
+}
+
 // BERT-large's attention, B = 32, S = 512, 16 heads of 64, bf16: forward and backward in
 // TFLOP/s (4 B heads S^2 d for forward, 2.5 times that for backward), ours against cuDNN's,
 // and a dense bf16 product for the scale. Printed, never asserted.
