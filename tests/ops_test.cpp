@@ -229,6 +229,14 @@ TEST(OpsLinear, ActivationOpsEqualTheUnfusedOpsAndCheckTheirTensors) {
   ops::activation_forward(be, Activation::GeluTanh, pre1.t, y1.t);
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(pre.f()[i], pre1.f()[i]);
   for (int i = 0; i < M * N; ++i) EXPECT_EQ(y.f()[i], y1.f()[i]);
+  // Inference keeps no pre (an empty tensor): y alone, the same bits.
+  for (const Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::Relu}) {
+    HostTensor kept_pre = filled({M, N}, 0.0f), kept_y = filled({M, N}, 0.0f), y_alone = filled({M, N}, 0.0f);
+    ops::linear_activation_forward(be, a, x.t, w.t, &b.t, kept_pre.t, kept_y.t);
+    Tensor no_pre;
+    ops::linear_activation_forward(be, a, x.t, w.t, &b.t, no_pre, y_alone.t);
+    for (int i = 0; i < M * N; ++i) EXPECT_EQ(y_alone.f()[i], kept_y.f()[i]) << "activation " << int(a);
+  }
 
   // Backward of a product reading act(pre) [M, N] with weights w2 [K, N]: the fused pass
   // (one erf or tanh per element) gives the unfused ops' bits for every activation.

@@ -305,16 +305,18 @@ class Backend {
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
                                Tensor& dw, Tensor* db) = 0;
   // A product and the activation after it, for a transformer's feed-forward block:
-  //   forward:  pre = x w^T + b, y = act(pre);
+  //   forward:  pre = x w^T + b, y = act(pre); pre empty (no data) when nothing keeps it
+  //             (inference): y alone;
   //   backward of out = linear(act(pre)) with weights w, recomputing the activation rather
   //             than keeping it: y = act(pre), dpre = (dy w) * act'(pre), dw += dy^T y,
   //             db += column sums of dy, and db_pre (the bias gradient of the product
   //             that made pre) += column sums of dpre, taken while the pass over pre
   //             holds dpre rather than read again.
   // The CUDA backend computes the activation in the product's epilogue where cuBLASLt has
-  // it (GeluTanh: its GELU is the tanh form); otherwise it runs the products unfused, and
-  // in backward y and dpre come from one pass over pre. On the CPU these are the unfused
-  // ops in sequence. b, db and db_pre may be null.
+  // it (GeluTanh: its GELU is the tanh form), and BERT's erf GELU in hone's Hopper product
+  // when pre is not kept (hopper_gemm.h); otherwise it runs the products unfused, and in
+  // backward y and dpre come from one pass over pre. On the CPU these are the unfused ops
+  // in sequence. b, db and db_pre may be null.
   virtual void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                          Tensor& pre, Tensor& y) = 0;
   virtual void activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,

@@ -254,8 +254,9 @@ class SequenceClassifier {
   SavedHead run_forward(Backend& be, BufferSource& mem, const Pass& p, bool keep_for_backward, float* hidden_out);
   Pass pass(const BatchTensors& batch, const DropoutState& drop, bool training = false) const;
   // Encoder layer l from its input x into saved_[l], taking every buffer: the forward
-  // pass and the full recomputation run this one code.
-  void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x);
+  // pass and the full recomputation run this one code. Without keep_for_backward nothing
+  // keeps the feed-forward product before its activation (ffn_pre stays empty).
+  void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x, bool keep_for_backward);
   // After layer l's forward: hands back what nothing reads again (inference) or what
   // backward recomputes (checkpointing).
   void release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward);

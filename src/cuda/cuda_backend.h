@@ -154,8 +154,9 @@ class CudaBackend final : public Backend {
   // beta D (+ bias per row when set), `batch` times at the given element strides. A and B
   // share ab_type; D (and the bias) have d_type; products accumulate in F32.
   // With `gelu`, cuBLASLt's (tanh) GELU runs in the epilogue on aux [m, n] (leading
-  // dimension ldd, type d_type): Forward writes the product (plus bias) to aux and its GELU
-  // to D; Backward reads the GELU's input from aux and writes the product times GELU' to D.
+  // dimension ldd, type d_type): Forward writes the product (plus bias) to aux, when given,
+  // and its GELU to D; Backward reads the GELU's input from aux and writes the product times
+  // GELU' to D.
   enum class GeluEpilogue : uint8_t { None, Forward, Backward };
   struct LtGemm {
     cublasOperation_t op_a, op_b;

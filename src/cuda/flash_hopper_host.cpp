@@ -35,7 +35,7 @@ CUtensorMap hopper_tile_map(const void* base, bool bf16, int64_t rows, int64_t c
                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    fail("attention: cuTensorMapEncodeTiled for a [{}, {}] matrix at {} failed (CUresult {})", rows, cols, base,
+    fail("TMA: cuTensorMapEncodeTiled for a [{}, {}] matrix at {} failed (CUresult {})", rows, cols, base,
          int(r));
   return map;
 }

@@ -168,6 +168,12 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
                "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                               \
                : HONE_ACC32, HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48), HONE_ACC8(56)                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)))
+#define HONE_WGMMA_N128_SS(TY)                                                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " HONE_REGS64                   \
+               "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                            \
+               : HONE_ACC32, HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48), HONE_ACC8(56)                    \
+               : "l"(a), "l"(b), "r"(int(accumulate)))
 
 // d (64 x 64, F32) (+)= a (64 x 16, registers, A fragments) * b (16 x 64, shared memory).
 // TransB: b is MN-major (its rows are K). accumulate = false overwrites d.
@@ -206,6 +212,18 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 #endif
 }
 
+// d (64 x 128, F32) (+)= a (64 x 16) * b (16 x 128), both from shared memory, K-major.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
+#ifdef HONE_HOPPER_IMAGE
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    HONE_WGMMA_N128_SS("bf16");
+  else
+    HONE_WGMMA_N128_SS("f16");
+#endif
+}
+
+#undef HONE_WGMMA_N128_SS
 #undef HONE_WGMMA_N64_RS
 #undef HONE_WGMMA_N64_SS
 #undef HONE_WGMMA_N128_RS

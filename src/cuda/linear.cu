@@ -13,6 +13,7 @@
 // the dx product backward). BERT's erf GELU cannot: cuBLASLt has only the tanh form, and
 // cuDNN's runtime-fused matmul + erf GELU measured slower than this product plus a separate
 // pass (bert-large FFN on an H200: 40.8 against 37.3 us forward, 44.9 against 42.3 backward).
+// On Hopper the erf GELU's forward runs in hone's own product (hopper_gemm.h).
 // Under BF16/F16 x, w, y, dy and dx are in the compute dtype and the products accumulate
 // in F32; dw and db stay F32 (the weight-gradient product reads half A/B and adds into an
 // F32 D).
@@ -23,6 +24,7 @@
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/half.h"
+#include "cuda/hopper_gemm.h"
 #include "cuda/kernels.h"
 
 namespace hone {
@@ -94,12 +96,16 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.op_a, sizeof(g.op_a)));
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.op_b, sizeof(g.op_b)));
   HONE_CHECK(g.gelu != GeluEpilogue::Backward || !g.bias, "cuBLASLt product: a GELU-gradient epilogue takes no bias");
-  HONE_CHECK((g.gelu == GeluEpilogue::None) == (g.aux == nullptr), "cuBLASLt product: a GELU epilogue needs its aux");
+  HONE_CHECK(g.gelu != GeluEpilogue::None || !g.aux, "cuBLASLt product: an aux matrix without a GELU epilogue");
+  HONE_CHECK(g.gelu != GeluEpilogue::Backward || g.aux, "cuBLASLt product: a GELU-gradient epilogue needs its aux");
   HONE_CHECK(g.gelu == GeluEpilogue::None || g.batch == 1, "cuBLASLt product: a GELU epilogue on a batched product");
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   switch (g.gelu) {
     case GeluEpilogue::None: epilogue = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT; break;
-    case GeluEpilogue::Forward: epilogue = g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX; break;
+    case GeluEpilogue::Forward:  // aux keeps the product before the GELU, for a backward
+      epilogue = g.aux ? (g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                       : (g.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
+      break;
     case GeluEpilogue::Backward: epilogue = CUBLASLT_EPILOGUE_DGELU; break;
   }
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)
@@ -142,7 +148,7 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   const std::array<int64_t, kLtKey> key = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b,
                                            align_d, alignment(g.bias), g.lda, g.ldb, g.ldd, g.batch, g.stride_a,
                                            g.stride_b, g.stride_d, g.ab_type, g.d_type, int64_t(g.gelu),
-                                           alignment(g.aux)};
+                                           g.aux ? alignment(g.aux) : 0};
   const cublasLtMatmulAlgo_t* algo = nullptr;
   if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
     if (!it->second) return false;  // an epilogue this cuBLASLt has no kernel for
@@ -290,6 +296,19 @@ void CudaBackend::bias_backward(const Tensor& dy, Tensor& db) {
 void CudaBackend::linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                             Tensor& pre, Tensor& y) {
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
+  const void* bias = b ? b->data : nullptr;
+  if (!pre.data) {  // not kept (inference)
+    if (a == Activation::Gelu && cuda::hopper_gelu_product_runs(x.dtype, m, n, k, {x.data, w.data, bias, y.data}))
+      return cuda::hopper_gelu_product(stream_, x.dtype, x.data, w.data, bias, y.data, m, n, k);
+    if (m > 0 && a == Activation::GeluTanh) {  // cuBLASLt's GELU_BIAS, no aux
+      LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, bias};
+      g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);
+      g.gelu = GeluEpilogue::Forward;
+      if (lt_matmul(g)) return;
+    }
+    linear_forward(x, w, b, y);
+    return activation_forward(a, y, y);
+  }
   if (m > 0 && gelu_epilogue(a, n, pre.data)) {
     LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, b ? b->data : nullptr};
     g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);

@@ -293,7 +293,7 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
 }
 
 void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
-                                                  const Tensor& x) {
+                                                  const Tensor& x, bool keep_for_backward) {
   if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x);
   const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
@@ -312,9 +312,11 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in)
   ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_dropout(p.drop, l, 1), w(P.ln1.g), w(P.ln1.b), eps,
                                      s.ln1_in, s.ln1_out, s.ln1_mean, s.ln1_rstd);
-  s.ffn_pre = activation(mem, "ffn_preactivation", l, {T, I});
   // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
   // computes it from the unrounded product, so the recomputation may differ by an ulp.)
+  // Inference keeps no ffn_pre: the activation then runs in the product's epilogue where
+  // the backend has one for it (BERT's erf GELU on Hopper), or in place.
+  s.ffn_pre = keep_for_backward ? activation(mem, "ffn_preactivation", l, {T, I}) : Tensor{};
   Tensor ffn_act = scratch(mem, "ffn_activation", {T, I});
   ops::linear_activation_forward(be, cfg_.activation(), s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre, ffn_act);
   s.ln2_in = activation(mem, "ffn_residual", l, {T, H});
@@ -392,7 +394,7 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
 
   for (int l = 0; l < L; ++l) {
     const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
-    layer_forward(be, mem, p, l, x);
+    layer_forward(be, mem, p, l, x, keep_for_backward);
     release_unkept(mem, l, x, keep_for_backward);
   }
 
@@ -610,7 +612,7 @@ void SequenceClassifier::forward_backward(Backend& be, BufferSource& mem, const 
 void SequenceClassifier::layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
                                                    Tensor& dh) {
   if (checkpointing_ == Checkpointing::Full) {
-    layer_forward(be, mem, p, l, x);
+    layer_forward(be, mem, p, l, x, true);
     mem.release(saved_[l].out);  // the next layer's input, whose backward is done
   }
   take_grads(be, mem, 1 + l);

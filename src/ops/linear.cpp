@@ -63,13 +63,15 @@ void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const
   const char* op = "linear_activation_forward";
   const auto [m, k, n] = linear_dims(be, op, x, w);
   if (b) detail::expect(op, "b", *b, x.dtype, {n});
-  detail::expect(op, "pre", pre, x.dtype, {m, n});
+  const bool kept = pre.data != nullptr;  // empty: nothing keeps the product before the activation
+  if (kept) detail::expect(op, "pre", pre, x.dtype, {m, n});
   detail::expect(op, "y", y, x.dtype, {m, n});
   if (be.dry_run) return;
   const Tensor none;
   detail::expect_disjoint(op, {{"pre", pre}, {"y", y}}, {{"x", x}, {"w", w}, {"b", b ? *b : none}}, {});
   detail::OpScope scope(be, op, OpClass::Contraction,
-                        {2.0 * double(m) * double(k) * double(n), detail::bytes(x, w, pre, y) + detail::bytes_if(b)});
+                        {2.0 * double(m) * double(k) * double(n),
+                         detail::bytes(x, w, y) + (kept ? detail::bytes(pre) : 0.0) + detail::bytes_if(b)});
   be.linear_activation_forward(a, x, w, b, pre, y);
 }
 
@@ -181,6 +183,10 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
 // The unfused ops in sequence: the reference the CUDA epilogues are held to.
 void CpuBackend::linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b,
                                            Tensor& pre, Tensor& y) {
+  if (!pre.data) {  // not kept: the activation in place
+    linear_forward(x, w, b, y);
+    return activation_forward(a, y, y);
+  }
   linear_forward(x, w, b, pre);
   activation_forward(a, pre, y);
 }

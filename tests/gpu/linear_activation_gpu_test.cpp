@@ -1,18 +1,23 @@
 // The feed-forward block's product and activation together (linear_activation_forward,
 // activation_linear_backward) on the GPU against the CPU reference, which runs the unfused
-// ops in sequence. The tanh GELU runs in cuBLASLt's epilogues; the erf GELU, ReLU and widths
-// cuBLASLt's aux matrix cannot take (not a multiple of 8) run unfused, and must agree too.
+// ops in sequence. The tanh GELU runs in cuBLASLt's epilogues, the erf GELU's forward in
+// hone's Hopper product (hopper_gemm.h) where it runs; elsewhere the erf GELU, ReLU and
+// widths cuBLASLt's aux matrix cannot take (not a multiple of 8) run unfused, and must agree
+// too.
 // Inputs are rounded to bf16, so every dtype holds the same numbers as the F32 reference,
 // and TF32 (10 explicit mantissa bits) multiplies them exactly, as F32 does.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "cuda/hopper_gemm.h"
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
 #include "hone/ops.h"
@@ -64,8 +69,11 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
     int m, k, n;
   };
   // The second and third run the tanh GELU in the epilogue; the first's widths (13 inputs,
-  // 20 features) cannot, forward or backward.
-  for (const Case& c : {Case{7, 13, 20}, Case{64, 96, 128}, Case{512, 256, 1024}}) {
+  // 20 features) cannot, forward or backward. The fourth runs the erf GELU's forward
+  // in the Hopper product where it runs (at least two tiles of 128 x 128 an SM), with
+  // a last tile of rows past the end and two slices of k a tile, so that the producer's
+  // ring of four stages turns over between the consumers within each pass.
+  for (const Case& c : {Case{7, 13, 20}, Case{64, 96, 128}, Case{512, 256, 1024}, Case{2100, 128, 2048}}) {
     for (Activation a : {Activation::GeluTanh, Activation::Gelu, Activation::Relu}) {
       for (const Variant& v : variants) {
         Backend& g = *v.be;
@@ -81,6 +89,11 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
         ops::linear_activation_forward(g, a, gx.t, gw.t, &gb.t, gpre.t, gy.t);
         expect_close("pre" + at, gpre.download(), pre, tolerance(t, 1));
         expect_close("y" + at, gy.download(), y, tolerance(t, 2));
+        // Inference keeps no pre: y alone (the erf GELU in the Hopper product where it runs).
+        DeviceTensor gy_alone(g, t, Shape{M, N});
+        Tensor no_pre;
+        ops::linear_activation_forward(g, a, gx.t, gw.t, &gb.t, no_pre, gy_alone.t);
+        expect_close("y without pre" + at, gy_alone.download(), y, tolerance(t, 2));
 
         // Backward: the product after the activation reads act(pre) [M, N] with weights
         // w2 [K, N], and its output gradient is dy [M, K]; act(pre) is recomputed.
@@ -116,13 +129,15 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
 // Whether the activation ran in the product's epilogue shows in bf16: the epilogue applies
 // it to the unrounded F32 product, the unfused ops to the product rounded to bf16. So the
 // tanh GELU's outputs (forward y, backward dpre) differ from "the unfused ops on the rounded
-// values" in many elements (H200: 36% and 26%), and the erf GELU's (run unfused) in few:
+// values" in many elements (H200: 36% and 26%), and the erf GELU's run unfused in few:
 // those where 1 + erf(x) cancels (x below about -3) and the GPU's erff and the CPU's
 // std::erf, a few F32 ulps apart there, round to neighbouring bf16 values (1.5% and 0.4%).
-TEST_F(GpuLinearActivation, TheTanhGeluRunsInTheEpilogueTheErfGeluDoesNot) {
+// The erf GELU's forward runs in an epilogue where hone's Hopper product runs and nothing
+// keeps pre (inference).
+TEST_F(GpuLinearActivation, TheGeluEpiloguesRunWhereTheyShould) {
   Backend& g = gpu();
   const DType t = DType::BF16;
-  const int M = 512, K = 256, N = 1024;
+  const int M = 2176, K = 256, N = 2048;  // 272 tiles of 128 x 128: the Hopper product takes it
   auto host = [&](const std::vector<float>& v) {  // an [M, N] download as an F32 host tensor
     HostTensor h = test::filled({M, N}, 0);
     std::copy(v.begin(), v.end(), h.f());
@@ -142,6 +157,10 @@ TEST_F(GpuLinearActivation, TheTanhGeluRunsInTheEpilogueTheErfGeluDoesNot) {
     HostTensor pre = host(gpre.download()), y_unfused = test::filled({M, N}, 0);
     cpu.activation_forward(a, pre.t, y_unfused.t);
     const double forward = differing(gy.download(), y_unfused);
+    DeviceTensor gy_alone(g, t, Shape{M, N});  // inference: no pre kept
+    Tensor no_pre;
+    ops::linear_activation_forward(g, a, gx.t, gw.t, nullptr, no_pre, gy_alone.t);
+    const double alone = differing(gy_alone.download(), y_unfused);
 
     // Backward: the product after the activation maps its N features to K (weights [K, N]).
     HostTensor w2 = representable({K, N}, 4, -0.6f, 0.6f), dout = representable({M, K}, 5, -1.0f, 1.0f);
@@ -157,16 +176,50 @@ TEST_F(GpuLinearActivation, TheTanhGeluRunsInTheEpilogueTheErfGeluDoesNot) {
     for (int64_t i = 0; i < d_act.n(); ++i) d_act.f()[i] = round_to(d_act.f()[i], t);
     cpu.activation_backward(a, d_act.t, pre.t, dpre_unfused.t);
     const double backward = differing(gdpre.download(), dpre_unfused);
-    std::printf("[activation %d] bf16 outputs unlike the unfused ops': forward %.2f%%, backward %.2f%%\n", int(a),
-                100 * forward, 100 * backward);
+    std::printf("[activation %d] bf16 outputs unlike the unfused ops': forward %.2f%% (without pre %.2f%%), "
+                "backward %.2f%%\n", int(a), 100 * forward, 100 * alone, 100 * backward);
     if (a == Activation::GeluTanh) {
       EXPECT_GT(forward, 0.1) << "the tanh GELU forward did not run in the epilogue";
+      EXPECT_GT(alone, 0.1) << "the tanh GELU forward without pre did not run in the epilogue";
       EXPECT_GT(backward, 0.1) << "the tanh GELU gradient did not run in the epilogue";
     } else {
-      EXPECT_LT(forward, 0.05) << "the erf GELU forward is not the unfused ops";
+      EXPECT_LT(forward, 0.05) << "the erf GELU forward keeping pre is not the unfused ops";
+      if (cuda::hopper_gelu_product_runs(t, M, N, K, {}))
+        EXPECT_GT(alone, 0.1) << "the erf GELU forward without pre did not run in the Hopper product's epilogue";
+      else
+        EXPECT_LT(alone, 0.05) << "the erf GELU forward without pre is not the unfused ops";
       EXPECT_LT(backward, 0.05) << "the erf GELU gradient is not the unfused ops";
     }
   }
+}
+
+// bert-large's feed-forward up-projection with the erf GELU at 16384 tokens, bf16, in
+// TFLOP/s: the op keeping pre (training: cuBLASLt's product, then the GELU pass) and without
+// it (inference: the Hopper product where it runs), and the product alone for the scale.
+// Printed, never asserted.
+TEST_F(GpuLinearActivation, GeluProductSpeed) {
+  Backend& g = gpu();
+  const int64_t M = 16384, K = 1024, N = 4096;
+  DeviceTensor x(g, DType::BF16, representable({M, K}, 1, -1.0f, 1.0f)),
+      w(g, DType::BF16, representable({N, K}, 2, -0.05f, 0.05f)), b(g, DType::BF16, representable({N}, 3, -1.0f, 1.0f)),
+      pre(g, DType::BF16, Shape{M, N}), y(g, DType::BF16, Shape{M, N});
+  const auto time_ms = [&](const std::function<void()>& f) {
+    f();
+    g.synchronize();
+    constexpr int kReps = 20;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) f();
+    g.synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+  };
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  Tensor no_pre;
+  const double kept = time_ms([&] { ops::linear_activation_forward(g, Activation::Gelu, x.t, w.t, &b.t, pre.t, y.t); });
+  const double alone = time_ms([&] { ops::linear_activation_forward(g, Activation::Gelu, x.t, w.t, &b.t, no_pre, y.t); });
+  const double product = time_ms([&] { ops::linear_forward(g, x.t, w.t, &b.t, pre.t); });
+  std::printf("  keeping pre %.3f ms (%.0f TFLOP/s); without pre%s %.3f ms (%.0f); the product alone %.3f ms (%.0f)\n",
+              kept, flops / kept / 1e9, cuda::hopper_gelu_product_runs(DType::BF16, M, N, K, {}) ? " (Hopper product)" : "",
+              alone, flops / alone / 1e9, product, flops / product / 1e9);
 }
 
 }  // namespace
