@@ -239,13 +239,6 @@ CUtensorMap keep_bits_map(const AttentionDims& d, const uint32_t* bits, int box_
   return flash::hopper_bits_map(bits, int64_t(d.batch) * d.heads * d.seq, keep_words(d.seq), box_rows);
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  HONE_CUDA_CHECK(cudaGetDevice(&device));
-  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 }  // namespace
 
 int keep_words(int seq) { return (seq + 127) / 128 * 4; }

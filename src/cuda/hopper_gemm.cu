@@ -23,6 +23,7 @@
 #include "cuda/check.h"
 #include "cuda/flash_hopper.h"
 #include "cuda/hopper.h"
+#include "cuda/kernels.h"
 
 namespace hone::cuda {
 
@@ -194,15 +195,6 @@ void launch(cudaStream_t stream, const void* x, const void* w, const void* b, vo
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-int multiprocessors() {
-  int device = 0, sms = 0;
-  HONE_CUDA_CHECK(cudaGetDevice(&device));
-  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 }  // namespace
 
 bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, std::initializer_list<const void*> data) {
@@ -212,7 +204,7 @@ bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, std::ini
         aligned && allowed() && flash::hopper_kernels_present()))
     return false;
   // Fewer tiles than two a CTA leave SMs idle that cuBLASLt's choices (split k) would use.
-  return n / kTileN * ((m + kTileM - 1) / kTileM) >= 2 * int64_t(multiprocessors());
+  return n / kTileN * ((m + kTileM - 1) / kTileM) >= 2 * int64_t(sm_count());
 }
 
 void hopper_gelu_product(cudaStream_t stream, DType t, const void* x, const void* w, const void* b, void* y,
@@ -220,7 +212,7 @@ void hopper_gelu_product(cudaStream_t stream, DType t, const void* x, const void
   if (m == 0) return;
   if (m > std::numeric_limits<int>::max() - kTileM || n / kTileN * ((m + kTileM - 1) / kTileM) >= (int64_t(1) << 31))
     fail("the GELU product: [{}, {}] is more than its 32-bit indices count", m, n);
-  const int sms = multiprocessors();
+  const int sms = sm_count();
   if (t == DType::BF16)
     launch<__nv_bfloat16>(stream, x, w, b, y, m, n, k, sms);
   else

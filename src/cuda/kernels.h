@@ -96,6 +96,14 @@ __device__ __forceinline__ void add_column_sums(const float (&acc)[W], float* ds
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The current GPU's multiprocessors: how many CTAs a persistent kernel launches.
+inline int sm_count() {
+  int device = 0, sms = 0;
+  HONE_CUDA_CHECK(cudaGetDevice(&device));
+  HONE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // V consecutive floats; V == 4 is one 16-byte access, so the address must be aligned.
 template <int V>
 struct Vec {
