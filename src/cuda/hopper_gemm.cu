@@ -169,14 +169,6 @@ __global__ void __launch_bounds__(kProductThreads, 1)
 #endif
 }
 
-bool allowed() {
-  static const bool on = [] {
-    const char* v = std::getenv("HONE_GELU_EPILOGUE");
-    return v == nullptr || std::strcmp(v, "off") != 0;
-  }();
-  return on;
-}
-
 template <typename T>
 void launch(cudaStream_t stream, const void* x, const void* w, const void* b, void* y, int64_t m, int64_t n,
             int64_t k, int sms) {
@@ -197,22 +189,31 @@ void launch(cudaStream_t stream, const void* x, const void* w, const void* b, vo
 
 }  // namespace
 
-bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, std::initializer_list<const void*> data) {
+bool gelu_epilogue_allowed() {
+  const char* v = std::getenv("HONE_GELU_EPILOGUE");
+  if (v == nullptr || std::strcmp(v, "on") == 0) return true;
+  if (std::strcmp(v, "off") == 0) return false;
+  fail("HONE_GELU_EPILOGUE={} is not a choice: unset or \"on\" for hone's Hopper product with the GELU in its "
+       "epilogue where it runs, \"off\" for cuBLASLt's product and a GELU pass",
+       v);
+}
+
+bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, int sms,
+                              std::initializer_list<const void*> data) {
   bool aligned = true;
   for (const void* p : data) aligned = aligned && aligned16(p);
   if (!((t == DType::BF16 || t == DType::F16) && n % kTileN == 0 && k % kSliceK == 0 && n < (int64_t(1) << 30) &&
-        aligned && allowed() && flash::hopper_kernels_present()))
+        aligned && gelu_epilogue_allowed() && flash::hopper_kernels_present()))
     return false;
   // Fewer tiles than two a CTA leave SMs idle that cuBLASLt's choices (split k) would use.
-  return n / kTileN * ((m + kTileM - 1) / kTileM) >= 2 * int64_t(sm_count());
+  return n / kTileN * ((m + kTileM - 1) / kTileM) >= 2 * int64_t(sms);
 }
 
-void hopper_gelu_product(cudaStream_t stream, DType t, const void* x, const void* w, const void* b, void* y,
-                         int64_t m, int64_t n, int64_t k) {
+void hopper_gelu_product(cudaStream_t stream, int sms, DType t, const void* x, const void* w, const void* b,
+                         void* y, int64_t m, int64_t n, int64_t k) {
   if (m == 0) return;
   if (m > std::numeric_limits<int>::max() - kTileM || n / kTileN * ((m + kTileM - 1) / kTileM) >= (int64_t(1) << 31))
     fail("the GELU product: [{}, {}] is more than its 32-bit indices count", m, n);
-  const int sms = sm_count();
   if (t == DType::BF16)
     launch<__nv_bfloat16>(stream, x, w, b, y, m, n, k, sms);
   else

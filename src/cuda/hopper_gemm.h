@@ -15,13 +15,19 @@
 
 namespace hone::cuda {
 
-// Whether the kernel runs this product here: a 9.0 GPU with the sm_90a image, BF16 or F16,
-// k a multiple of 64, n of 128, at least two 128 x 128 tiles of y per SM, 16-byte aligned
-// data (x, w, b, y; a null b passes), and HONE_GELU_EPILOGUE not "off".
-bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, std::initializer_list<const void*> data);
+// HONE_GELU_EPILOGUE: unset or "on" (the kernel where it runs), "off" (cuBLASLt's product
+// and a GELU pass); any other value is an error that lists the choices.
+bool gelu_epilogue_allowed();
 
-// x [m, k], w [n, k], b [n] (may be null) and y [m, n], all of dtype t.
-void hopper_gelu_product(cudaStream_t stream, DType t, const void* x, const void* w, const void* b, void* y,
-                         int64_t m, int64_t n, int64_t k);
+// Whether the kernel runs this product here: a 9.0 GPU with the sm_90a image, BF16 or F16,
+// k a multiple of 64, n of 128, at least two 128 x 128 tiles of y for each of the GPU's
+// `sms` multiprocessors, 16-byte aligned data (x, w, b, y; a null b passes), and
+// gelu_epilogue_allowed().
+bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, int sms,
+                              std::initializer_list<const void*> data);
+
+// x [m, k], w [n, k], b [n] (may be null) and y [m, n], all of dtype t; one CTA per SM.
+void hopper_gelu_product(cudaStream_t stream, int sms, DType t, const void* x, const void* w, const void* b,
+                         void* y, int64_t m, int64_t n, int64_t k);
 
 }  // namespace hone::cuda

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -160,5 +162,16 @@ class GpuTest : public ::testing::Test {
   Backend& gpu() { return *gpu_; }
   std::unique_ptr<Backend> gpu_;
 };
+
+// Milliseconds a call of f takes on be, averaged over `reps` calls after one untimed call:
+// the speed tests' figures, printed and never asserted.
+inline double average_ms(Backend& be, const std::function<void()>& f, int reps = 20) {
+  f();
+  be.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) f();
+  be.synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
 
 }  // namespace hone::test

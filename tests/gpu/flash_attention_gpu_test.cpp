@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -566,13 +565,7 @@ TEST_F(FlashAttention, PackedTrainingSpeedAtVariedLengths) {
         gpu().attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
       }
     };
-    step();
-    gpu().synchronize();
-    constexpr int kReps = 20;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < kReps; ++r) step();
-    gpu().synchronize();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+    const double ms = test::average_ms(gpu(), step);
     std::printf("  %s: %lld rows of %d x %d, forward + backward %.3f ms\n", packed ? "packed" : "padded",
                 (long long)T, d.batch, S, ms);
   }
@@ -610,13 +603,7 @@ TEST_F(FlashAttention, PackedInferenceSpeedAtVariedLengths) {
       else
         gpu().attention_forward(q.t, m.t, d, none, stats.t, no_keep, ctx.t, work.t);
     };
-    step();
-    gpu().synchronize();
-    constexpr int kReps = 50;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < kReps; ++r) step();
-    gpu().synchronize();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
+    const double ms = test::average_ms(gpu(), step, 50);
     const double work_flops = 4.0 * d.heads * d.head_dim * (mode == 2 ? double(d.batch) * S * S : attended);
     std::printf("  %s: forward %.3f ms, %.0f TFLOP/s of attended work\n",
                 mode == 0 ? "packed" : mode == 1 ? "padded" : "dense 64 x 512", ms, work_flops / ms / 1e9);
@@ -630,15 +617,6 @@ TEST_F(FlashAttention, BertLargeSpeed) {
   const AttentionDims d{32, 512, 16, 64, 0.125f};
   const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
   const double fwd_flops = 4.0 * d.batch * d.heads * double(d.seq) * d.seq * d.head_dim, bwd_flops = 2.5 * fwd_flops;
-  const auto time_ms = [&](Backend& be, const std::function<void()>& f) {
-    f();
-    be.synchronize();
-    constexpr int kReps = 20;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < kReps; ++r) f();
-    be.synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  };
   const auto measure = [&](Backend& be, const char* name) {
     DeviceTensor q(be, DType::BF16, Shape{T, 3 * H}), m(be, DType::I32, Shape{d.batch, d.seq}),
         g(be, DType::BF16, Shape{T, H}), stats(be, DType::F32, Shape{d.batch, d.heads, d.seq, 2}),
@@ -651,8 +629,8 @@ TEST_F(FlashAttention, BertLargeSpeed) {
     m.upload_bytes(ones.data());
     for (float p : {0.0f, 0.1f}) {
       const DropoutSpec drop{p, 42, 1};
-      const double f = time_ms(be, [&] { be.attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t); });
-      const double b = time_ms(be, [&] {
+      const double f = test::average_ms(be, [&] { be.attention_forward(q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t); });
+      const double b = test::average_ms(be, [&] {
         be.attention_backward(g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
       });
       std::printf("  %-6s p=%.1f: forward %.3f ms (%.0f TFLOP/s), backward %.3f ms (%.0f TFLOP/s)\n", name, p, f,
@@ -673,7 +651,7 @@ TEST_F(FlashAttention, BertLargeSpeed) {
   DeviceTensor x(gpu(), DType::BF16, Shape{N, N}), w(gpu(), DType::BF16, Shape{N, N}), y(gpu(), DType::BF16, Shape{N, N});
   x.upload(uniform(N * N, 3, -1.0f, 1.0f));
   w.upload(uniform(N * N, 4, -1.0f, 1.0f));
-  const double ms = time_ms(gpu(), [&] { gpu().linear_forward(x.t, w.t, nullptr, y.t); });
+  const double ms = test::average_ms(gpu(), [&] { gpu().linear_forward(x.t, w.t, nullptr, y.t); });
   std::printf("  dense bf16 product %lldx%lldx%lld: %.3f ms (%.0f TFLOP/s)\n", (long long)N, (long long)N,
               (long long)N, ms, 2.0 * N * N * N / ms / 1e9);
 }

@@ -10,15 +10,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
-#include <functional>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "cuda/hopper_gemm.h"
 #include "hone/cpu_backend.h"
+#include "hone/error.h"
 #include "hone/cuda.h"
 #include "hone/ops.h"
 #include "device_tensor.h"
@@ -33,6 +33,14 @@ using test::expect_close;
 using test::HostTensor;
 using test::random;
 using test::round_to;
+
+// The GPU's multiprocessors, as the backend counts them for the Hopper product.
+int multiprocessors() {
+  int device = 0, sms = 0;
+  test::cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
+  test::cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
+}
 
 class GpuLinearActivation : public test::GpuTest {
  protected:
@@ -184,7 +192,7 @@ TEST_F(GpuLinearActivation, TheGeluEpiloguesRunWhereTheyShould) {
       EXPECT_GT(backward, 0.1) << "the tanh GELU gradient did not run in the epilogue";
     } else {
       EXPECT_LT(forward, 0.05) << "the erf GELU forward keeping pre is not the unfused ops";
-      if (cuda::hopper_gelu_product_runs(t, M, N, K, {}))
+      if (cuda::hopper_gelu_product_runs(t, M, N, K, multiprocessors(), {}))
         EXPECT_GT(alone, 0.1) << "the erf GELU forward without pre did not run in the Hopper product's epilogue";
       else
         EXPECT_LT(alone, 0.05) << "the erf GELU forward without pre is not the unfused ops";
@@ -203,23 +211,35 @@ TEST_F(GpuLinearActivation, GeluProductSpeed) {
   DeviceTensor x(g, DType::BF16, representable({M, K}, 1, -1.0f, 1.0f)),
       w(g, DType::BF16, representable({N, K}, 2, -0.05f, 0.05f)), b(g, DType::BF16, representable({N}, 3, -1.0f, 1.0f)),
       pre(g, DType::BF16, Shape{M, N}), y(g, DType::BF16, Shape{M, N});
-  const auto time_ms = [&](const std::function<void()>& f) {
-    f();
-    g.synchronize();
-    constexpr int kReps = 20;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int r = 0; r < kReps; ++r) f();
-    g.synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / kReps;
-  };
   const double flops = 2.0 * double(M) * double(N) * double(K);
   Tensor no_pre;
-  const double kept = time_ms([&] { ops::linear_activation_forward(g, Activation::Gelu, x.t, w.t, &b.t, pre.t, y.t); });
-  const double alone = time_ms([&] { ops::linear_activation_forward(g, Activation::Gelu, x.t, w.t, &b.t, no_pre, y.t); });
-  const double product = time_ms([&] { ops::linear_forward(g, x.t, w.t, &b.t, pre.t); });
+  const double kept = test::average_ms(g, [&] { ops::linear_activation_forward(g, Activation::Gelu, x.t, w.t, &b.t, pre.t, y.t); });
+  const double alone = test::average_ms(g, [&] { ops::linear_activation_forward(g, Activation::Gelu, x.t, w.t, &b.t, no_pre, y.t); });
+  const double product = test::average_ms(g, [&] { ops::linear_forward(g, x.t, w.t, &b.t, pre.t); });
   std::printf("  keeping pre %.3f ms (%.0f TFLOP/s); without pre%s %.3f ms (%.0f); the product alone %.3f ms (%.0f)\n",
-              kept, flops / kept / 1e9, cuda::hopper_gelu_product_runs(DType::BF16, M, N, K, {}) ? " (Hopper product)" : "",
+              kept, flops / kept / 1e9, cuda::hopper_gelu_product_runs(DType::BF16, M, N, K, multiprocessors(), {}) ? " (Hopper product)" : "",
               alone, flops / alone / 1e9, product, flops / product / 1e9);
+}
+
+// HONE_GELU_EPILOGUE is "on" (or unset) or "off"; any other value is an error that lists the
+// choices (no GPU needed).
+TEST(GeluEpilogueChoice, UnknownValuesAreAnErrorListingTheChoices) {
+  setenv("HONE_GELU_EPILOGUE", "of", 1);
+  try {
+    (void)cuda::gelu_epilogue_allowed();
+    ADD_FAILURE() << "HONE_GELU_EPILOGUE=of was accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* s : {"HONE_GELU_EPILOGUE=of", "\"on\"", "\"off\""})
+      EXPECT_NE(what.find(s), std::string::npos) << what;
+  }
+  setenv("HONE_GELU_EPILOGUE", "off", 1);
+  EXPECT_FALSE(cuda::gelu_epilogue_allowed());
+  EXPECT_FALSE(cuda::hopper_gelu_product_runs(DType::BF16, 16384, 4096, 1024, 132, {}));
+  setenv("HONE_GELU_EPILOGUE", "on", 1);
+  EXPECT_TRUE(cuda::gelu_epilogue_allowed());
+  unsetenv("HONE_GELU_EPILOGUE");
+  EXPECT_TRUE(cuda::gelu_epilogue_allowed());
 }
 
 }  // namespace
