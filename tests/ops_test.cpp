@@ -804,6 +804,14 @@ TEST(OpsLayerNorm, FusedResidualOpsEqualTheUnfusedOpsBitForBit) {
         expect_same_bits("dgamma, " + how, fdg, dg);
         expect_same_bits("dbeta, " + how, fdb, db);
       }
+      // Without sum (inference): the same y and statistics, and x left as it was.
+      HostTensor ax = clone(x), ay(DType::F32, {R, C}), amean(DType::F32, {R}), arstd(DType::F32, {R});
+      Tensor no_sum;
+      ops::dropout_add_layernorm_forward(be, ax.t, res.t, d, g.t, b.t, eps, no_sum, ay.t, amean.t, arstd.t);
+      expect_same_bits("x without sum, " + at, ax, x);
+      expect_same_bits("y without sum, " + at, ay, y);
+      expect_same_bits("mean without sum, " + at, amean, mean);
+      expect_same_bits("rstd without sum, " + at, arstd, rstd);
     }
 }
 

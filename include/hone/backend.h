@@ -368,7 +368,8 @@ class Backend {
   //   forward:  dropout_add(x, residual, d, sum), then layernorm_forward on the stored sum;
   //   backward: layernorm_backward(dy, sum, ...) into dsum (the residual's gradient), then
   //             dropout(dsum, d, dx) (the gradient of x); dgamma and dbeta accumulate.
-  // sum may alias x, and dx may alias dy (BERT writes in place so); no other overlap.
+  // sum may alias x, and dx may alias dy (BERT writes in place so); no other overlap. An
+  // empty sum (no data) is not written: inference, where no backward reads it.
   virtual void dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
                                              const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum,
                                              Tensor& y, Tensor& mean, Tensor& rstd) = 0;

@@ -128,8 +128,8 @@ __device__ __forceinline__ void dropout_run(const DropoutSpec& d, uint64_t strea
 }
 
 // With kFused the row normalized is residual + dropout(x) (fd), rounded to T as
-// dropout_add stores it and written to sum_out, which may be x: each thread reads its
-// elements of x before writing them.
+// dropout_add stores it and written to sum_out (unless null: not kept), which may be x:
+// each thread reads its elements of x before writing them.
 template <typename T, int W, bool kFused>
 __global__ void __launch_bounds__(1024)
     layernorm_forward_kernel(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta, float eps, T* y,
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(1024)
       #pragma unroll
       for (int t = 0; t < W; ++t) v[g][t] = res[t] + v[g][t];
       round_run<T>(v[g]);
-      store_run<W>(sum_out + row * cols + c, v[g]);
+      if (sum_out) store_run<W>(sum_out + row * cols + c, v[g]);
     }
     #pragma unroll
     for (int t = 0; t < W; ++t) sum += v[g][t];
@@ -367,8 +367,9 @@ void CudaBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& r
     using T = decltype(t);
     const bool vec = vec_ok<T>(cols, {sum.data, gamma.data, beta.data, y.data});
     if (vec && !vec_ok<T>(cols, {x.data, residual.data})) {
-      dropout_add(x, residual, d, sum);
-      layernorm_forward(sum, gamma, beta, eps, y, mean, rstd);
+      Tensor& kept = sum.data ? sum : y;  // without sum, y holds it until normalized in place
+      dropout_add(x, residual, d, kept);
+      layernorm_forward(kept, gamma, beta, eps, y, mean, rstd);
       return;
     }
     if (vec)

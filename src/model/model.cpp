@@ -309,9 +309,11 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
   s.ln1_rstd = row_stats(mem, "attention_ln_rstd", l, {T});
   s.ln1_out = activation(mem, "attention_out", l, {T, H});
-  // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in)
+  // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in). Only backward reads the
+  // sums: inference does not write them (a quarter of the op's bytes).
+  Tensor no_sum;
   ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_dropout(p.drop, l, 1), w(P.ln1.g), w(P.ln1.b), eps,
-                                     s.ln1_in, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+                                     keep_for_backward ? s.ln1_in : no_sum, s.ln1_out, s.ln1_mean, s.ln1_rstd);
   // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
   // computes it from the unrounded product, so the recomputation may differ by an ulp.)
   // Inference keeps no ffn_pre: the activation then runs in the product's epilogue where
@@ -327,7 +329,7 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   s.out = activation(mem, "layer_out", l, {T, H});
   // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
   ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_dropout(p.drop, l, 2), w(P.ln2.g), w(P.ln2.b),
-                                     eps, s.ln2_in, s.out, s.ln2_mean, s.ln2_rstd);
+                                     eps, keep_for_backward ? s.ln2_in : no_sum, s.out, s.ln2_mean, s.ln2_rstd);
 }
 
 void SequenceClassifier::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {

@@ -60,7 +60,7 @@ void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& r
   const int64_t cols = check_layernorm(be, op, "x", x, gamma, mean, rstd);
   detail::expect(op, "residual", residual, x.dtype, x.shape);
   if (beta.data) detail::expect(op, "beta", beta, x.dtype, {cols});  // empty: no bias
-  detail::expect(op, "sum", sum, x.dtype, x.shape);
+  if (sum.data) detail::expect(op, "sum", sum, x.dtype, x.shape);  // empty: not kept (inference)
   detail::expect(op, "y", y, x.dtype, x.shape);
   if (be.dry_run) return;
   detail::expect_disjoint(op, {{"sum", sum}, {"y", y}, {"mean", mean}, {"rstd", rstd}},
@@ -158,11 +158,13 @@ void CpuBackend::layernorm_backward(const Tensor& dy, const Tensor& x, const Ten
 }
 
 // The composition of the unfused ops: the reference that the fused kernels are held to.
+// Without sum, y holds it until the normalization overwrites it in place.
 void CpuBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
                                                const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum,
                                                Tensor& y, Tensor& mean, Tensor& rstd) {
-  dropout_add(x, residual, d, sum);
-  layernorm_forward(sum, gamma, beta, eps, y, mean, rstd);
+  Tensor& kept = sum.data ? sum : y;
+  dropout_add(x, residual, d, kept);
+  layernorm_forward(kept, gamma, beta, eps, y, mean, rstd);
 }
 
 void CpuBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma,

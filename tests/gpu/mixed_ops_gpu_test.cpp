@@ -334,7 +334,8 @@ std::vector<uint8_t> raw_bytes(const Dev& d) {
 }
 
 // Forward and backward of the residual LayerNorm: the fused ops, or the unfused ones
-// they replace (dropout_add, layernorm_forward, layernorm_backward, dropout).
+// they replace (dropout_add, layernorm_forward, layernorm_backward, dropout). The fused
+// forward also runs without sum (inference), which must leave x as it was.
 ResidualNormResults run_residual_norm(Backend& g, const ResidualNormInputs& in, const ResidualNormLayout& l,
                                       const DropoutSpec& d, bool fused) {
   const float eps = 1e-12f;
@@ -362,6 +363,20 @@ ResidualNormResults run_residual_norm(Backend& g, const ResidualNormInputs& in, 
   }
   return {raw_bytes(sum),  raw_bytes(y),  raw_bytes(mean),   raw_bytes(rstd),
           raw_bytes(dsum), raw_bytes(dx), dgamma.download(), dbeta.download()};
+}
+
+// The fused forward without sum (inference): y, mean and rstd, and x's bytes afterwards.
+ResidualNormResults run_residual_norm_without_sum(Backend& g, const ResidualNormInputs& in,
+                                                  const ResidualNormLayout& l, const DropoutSpec& d) {
+  const DType t = in.t;
+  const Shape shape{in.rows, in.cols}, stat{in.rows};
+  Dev x(g, t, shape, l.x_offset), residual(g, t, shape, l.offset), gamma(g, t, in.gamma, l.offset),
+      beta(g, t, in.beta, l.offset), y(g, t, shape, l.offset), mean(g, DType::F32, stat), rstd(g, DType::F32, stat);
+  x.upload(in.x);
+  residual.upload(in.residual);
+  Tensor no_sum;
+  g.dropout_add_layernorm_forward(x.t, residual.t, d, gamma.t, beta.t, 1e-12f, no_sum, y.t, mean.t, rstd.t);
+  return {raw_bytes(x), raw_bytes(y), raw_bytes(mean), raw_bytes(rstd), {}, {}, {}, {}};
 }
 
 void expect_same_bytes(const std::string& what, const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
@@ -423,6 +438,17 @@ TEST_F(MixedOps, FusedResidualLayerNormEqualsTheUnfusedOps) {
           expect_same_bytes("dx" + at, got.dx, want.dx, e);
           expect_atomic_sums_close("dgamma" + at, got.dgamma, want.dgamma);
           expect_atomic_sums_close("dbeta" + at, got.dbeta, want.dbeta);
+          // Without sum (inference): the same y and statistics, and x left as it was. (Where
+          // no sum is written, "in place" is the separate layout: the unfused ops' statistics
+          // follow the alignment of where the sum is stored, here sum's own.)
+          if (l.in_place) continue;
+          const ResidualNormResults alone = run_residual_norm_without_sum(g, in, l, d.fused);
+          Dev x_in(g, t, Shape{R, C});
+          x_in.upload(in.x);
+          expect_same_bytes("x without sum" + at, alone.sum, raw_bytes(x_in), e);
+          expect_same_bytes("y without sum" + at, alone.y, want.y, e);
+          expect_same_bytes("mean without sum" + at, alone.mean, want.mean, sizeof(float));
+          expect_same_bytes("rstd without sum" + at, alone.rstd, want.rstd, sizeof(float));
         }
     }
 }
