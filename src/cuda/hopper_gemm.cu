@@ -9,10 +9,10 @@
 // MMAs. The epilogue stages the tile in shared memory and writes whole rows: stored
 // straight from the MMA fragments, each warp store wrote 16 bytes in each of 8 rows, and
 // the stores took longer than the MMAs.
-// Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.264 ms (520
-// TFLOP/s) against 0.289 for cuBLASLt's product and the GELU pass, the product alone 0.187.
-// The main loop alone ran at 646 TFLOP/s (one warpgroup, two CTAs an SM): what is left is
-// the epilogue's, which the turns hide only in part (0.31 ms writing pre as well).
+// Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.256 ms (537
+// TFLOP/s) against 0.289 for cuBLASLt's product and the GELU pass, the product alone 0.19.
+// What is left is the erf's: with the identity in its place the kernel takes 0.201 ms
+// (docs/design/fusions.md has what was tried).
 #include "cuda/hopper_gemm.h"
 
 #include <algorithm>
@@ -41,13 +41,15 @@ constexpr int kSliceBytes = kTileM * kSliceK * 2;        // one [128][64] half t
 constexpr int kStagedRow = kTileN + 8;  // elements a staged output row takes: a warp's fragment
                                         // writes (8 rows, 4 lanes) fall in distinct banks
 static_assert(kTileM == kTileN, "x's and w's tiles share one TMA box");
+static_assert(kTileN == 128, "each consumer thread reads one column's bias");
 
 struct Smem {
   static constexpr size_t kX = 0;                                   // [kStages][128][64]
   static constexpr size_t kW = kX + size_t(kStages) * kSliceBytes;  // [kStages][128][64]
   static constexpr size_t kStaged = size_t(kTileM) * kStagedRow * 2;
   static constexpr size_t kOut = kW + size_t(kStages) * kSliceBytes;  // [kConsumers][kStaged]
-  static constexpr size_t kBars = kOut + kConsumers * kStaged;
+  static constexpr size_t kBias = kOut + kConsumers * kStaged;          // [kConsumers][kTileN] F32
+  static constexpr size_t kBars = kBias + size_t(kConsumers) * kTileN * 4;
   static constexpr size_t kBytes = kBars + 2 * kStages * 8 + 1024;  // + alignment slack
 };
 
@@ -111,6 +113,7 @@ __global__ void __launch_bounds__(kProductThreads, 1)
   registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   T* staged = reinterpret_cast<T*>(smem + Smem::kOut + wg * Smem::kStaged);
+  float* tile_bias = reinterpret_cast<float*>(smem + Smem::kBias) + wg * kTileN;
   // Consumer wg takes the CTA's tiles wg, wg + 2, ...: tile j of the CTA holds ring slices
   // j * slices ... (j + 1) * slices - 1. The consumers' main loops take turns (named
   // barriers 3 and 4, one per direction): a stage's barrier tells its phases apart only
@@ -119,6 +122,8 @@ __global__ void __launch_bounds__(kProductThreads, 1)
   const int my_turn = 3 + wg, their_turn = 4 - wg;
   for (int j = wg, tile = blockIdx.x + wg * gridDim.x; tile < tiles; j += kConsumers, tile += kConsumers * gridDim.x) {
     const int m0 = tile / tiles_n * kTileM, n0 = tile % tiles_n * kTileN;
+    // The tile's bias, read from global memory while the main loop runs, not in the epilogue.
+    tile_bias[threadIdx.x % 128] = bias ? float(bias[n0 + threadIdx.x % 128]) : 0.0f;
     if (j > 0) named_barrier(my_turn, 256);
     // acc[h]: rows 64 h .. 64 h + 63 of the tile. Warp wq holds rows 16 wq + g and + 8 of
     // each; element 4 nt + e is column 8 nt + 2 t + (e & 1) of row + 8 (e >> 1).
@@ -149,10 +154,11 @@ __global__ void __launch_bounds__(kProductThreads, 1)
     fence_registers(acc[1]);
     if (lane == 0) mbar_arrive(empty + (first + slices - 1) % kStages);
 
+    named_barrier(1 + wg, 128);  // the tile's bias is in shared memory
 #pragma unroll
     for (int nt = 0; nt < kTileN / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
-      const float2 b = bias ? unpack<T>(*reinterpret_cast<const uint32_t*>(bias + n0 + col)) : make_float2(0, 0);
+      const float2 b = make_float2(tile_bias[col], tile_bias[col + 1]);
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
