@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -40,7 +43,12 @@ void bench(const std::string& precision, const ModelConfig& c, const std::vector
   run.write_weights(weights.data());
 
   const size_t tokens = size_t(s.batch) * size_t(s.seq);
-  std::vector<int32_t> ids(tokens), mask(tokens, 1), types(tokens, 0);
+  // Page-locked inputs, as hone predict's loader hands them over (dataloader_pin_memory).
+  std::unique_ptr<int32_t, std::function<void(int32_t*)>> host(
+      static_cast<int32_t*>(be->allocate_host(3 * tokens * sizeof(int32_t))), [&](int32_t* p) { be->deallocate_host(p); });
+  const std::span<int32_t> ids(host.get(), tokens), mask(host.get() + tokens, tokens), types(host.get() + 2 * tokens, tokens);
+  std::fill(mask.begin(), mask.end(), 1);
+  std::fill(types.begin(), types.end(), 0);
   std::uniform_int_distribution<int32_t> id(100, 29999), len(16, s.seq);
   for (int32_t& x : ids) x = id(g);
   int64_t real = int64_t(tokens);

@@ -310,7 +310,13 @@ class TrainingRun {
   // replayed steps of a shape draw the same dropout masks.
   static constexpr int64_t kPackedTrainingTokens = 4096;
   bool packs_training_ = false;
-  std::vector<int32_t> packed_rows_, row_start_;
+  // The host's packing (pack_rows) in page-locked memory, for the largest batch a run packs:
+  // copied from pageable vectors, the five input copies of a packed inference batch took
+  // 0.40 ms of a 23 ms batch on an H100 (bert-large, 64 x 512, lengths 16..512).
+  int32_t* packed_rows_ = nullptr;  // [packing_rows_]
+  int32_t* row_start_ = nullptr;    // [packing_batch_ + 1]
+  int64_t packing_rows_ = 0;
+  int packing_batch_ = 0;
   Tensor staged_ids_, staged_mask_, staged_types_, staged_labels_, staged_step_, staged_scalars_, optimizer_scalars_;
   // The gradients of each group (the multi-tensor norm's list and the optimizer's
   // target), refilled each step within their reserved capacity (no allocation).

@@ -101,15 +101,11 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
   grad_list_.reserve(model_->layout().groups().size());
   packs_training_ = phases_.train && be_.packs_training() &&
                     (!be_.can_record() || int64_t(a.per_device_train_batch_size) * seq_len >= kPackedTrainingTokens);
-  if (packs_training_) {
-    packed_rows_.reserve(size_t(a.per_device_train_batch_size) * size_t(seq_len));
-    row_start_.reserve(size_t(a.per_device_train_batch_size) + 1);
-  }
+  if (packs_training_) packing_batch_ = a.per_device_train_batch_size;
   if (phases_.infer_batch > 0) {
     const AttentionDims widest{phases_.infer_batch, seq_len, c.num_attention_heads, c.head_dim(), 1.0f};
     packs_ = be_.packs_attention(widest, compute_dtype(a));
-    packed_rows_.reserve(size_t(phases_.infer_batch) * size_t(seq_len));
-    row_start_.reserve(size_t(phases_.infer_batch) + 1);
+    if (packs_) packing_batch_ = std::max(packing_batch_, phases_.infer_batch);
   }
   if (sharding_.world_size > 1 && phases_.train) plan_ranks();
   if (offload_) {
@@ -132,6 +128,11 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
   if (phases_.infer_batch > 0 && be_.can_record()) {
     infer_logits_host_ = Tensor{nullptr, compute_dtype(a), {phases_.infer_batch, c.num_labels}, Device::CPU};
     infer_logits_host_.data = be_.allocate_host(infer_logits_host_.bytes());
+  }
+  if (packing_batch_ > 0 && !be_.dry_run) {
+    packing_rows_ = int64_t(packing_batch_) * seq_;
+    packed_rows_ = static_cast<int32_t*>(be_.allocate_host(sizeof(int32_t) * size_t(packing_rows_)));
+    row_start_ = static_cast<int32_t*>(be_.allocate_host(sizeof(int32_t) * size_t(packing_batch_ + 1)));
   }
   if (phases_.train) {
     const size_t labels_at = sizeof(int64_t) + sizeof(float) * kOptimizerScalarsSize;
@@ -164,6 +165,8 @@ TrainingRun::~TrainingRun() {
   if (scaler_host_) be_.deallocate_host(scaler_host_);
   if (infer_logits_host_.data) be_.deallocate_host(infer_logits_host_.data);
   if (host_staging_) be_.deallocate_host(host_staging_);
+  if (packed_rows_) be_.deallocate_host(packed_rows_);
+  if (row_start_) be_.deallocate_host(row_start_);
 }
 
 MemoryPlan TrainingRun::plan(const TrainingArguments& a, const ModelConfig& c, int seq_len, Backend& be,
@@ -783,8 +786,8 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
     b.packed_rows = mem.take(Category::Activations, "packed_rows", -1, DType::I32, {b.tokens});
     b.row_start = mem.take(Category::Activations, "row_start", -1, DType::I32, {batch + 1});
     if (!be_.dry_run) {
-      ops::copy(be_, host_tensor(packed_rows_.data(), DType::I32, {b.tokens}), b.packed_rows);
-      ops::copy(be_, host_tensor(row_start_.data(), DType::I32, {batch + 1}), b.row_start);
+      ops::copy(be_, host_tensor(packed_rows_, DType::I32, {b.tokens}), b.packed_rows);
+      ops::copy(be_, host_tensor(row_start_, DType::I32, {batch + 1}), b.row_start);
     }
   }
   Tensor loss = mem.take(Category::Workspace, "loss", -1, DType::F32, {1});
@@ -818,6 +821,7 @@ void TrainingRun::run_infer(BufferSource& mem, const int32_t* ids, const int32_t
   if (!be_.dry_run) validate_batch(ids, mask, types, nullptr, batch, seq);
   // Packed when the backend packs attention and the batch is right-padded (as hone's
   // collation pads), unless the caller wants the hidden states in the padded layout.
+  if (packs_ && !be_.dry_run) be_.wait_for_copies();  // the last batch's packing has left the host buffers
   const int64_t tokens = packs_ && !be_.dry_run && !out.last_hidden_state ? pack_rows(mask, batch, seq) : 0;
   run_infer_as(mem, ids, mask, types, batch, seq, out, tokens > 0, tokens);
 }
@@ -835,8 +839,10 @@ void TrainingRun::logits_from_host(int batch, float* out) {
 }
 
 int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
-  packed_rows_.clear();
-  row_start_.assign(1, 0);
+  HONE_CHECK(int64_t(batch) * seq <= packing_rows_ && batch <= packing_batch_,
+             "packing {} x {} tokens into buffers for {} rows of {}", batch, seq, packing_batch_, seq_);
+  int64_t rows = 0;
+  row_start_[0] = 0;
   for (int b = 0; b < batch; ++b) {
     const int32_t* row = mask + int64_t(b) * seq;
     int len = 0;
@@ -844,20 +850,18 @@ int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
     for (int j = len; j < seq; ++j)
       if (row[j] != 0) return 0;  // a hole in the mask: padded attention keeps HF's semantics
     if (len == 0) return 0;       // no attended token: HF attends to every key
-    for (int j = 0; j < len; ++j) packed_rows_.push_back(b * seq + j);
-    row_start_.push_back(int32_t(packed_rows_.size()));
+    for (int j = 0; j < len; ++j) packed_rows_[rows++] = b * seq + j;
+    row_start_[b + 1] = int32_t(rows);
   }
   // No padding to leave out: the padded kernels run the same rows.
-  return int64_t(packed_rows_.size()) < int64_t(batch) * seq ? int64_t(packed_rows_.size()) : 0;
+  return rows < int64_t(batch) * seq ? rows : 0;
 }
 
 int64_t TrainingRun::pack_training_rows(const int32_t* mask, int batch, int seq) {
   const int64_t tokens = pack_rows(mask, batch, seq);
   if (tokens > 0) return tokens;
-  packed_rows_.resize(size_t(batch) * size_t(seq));
-  std::iota(packed_rows_.begin(), packed_rows_.end(), 0);
-  row_start_.resize(size_t(batch) + 1);
-  for (int b = 0; b <= batch; ++b) row_start_[size_t(b)] = b * seq;
+  std::iota(packed_rows_, packed_rows_ + int64_t(batch) * seq, 0);
+  for (int b = 0; b <= batch; ++b) row_start_[b] = b * seq;
   return int64_t(batch) * seq;
 }
 
@@ -888,8 +892,8 @@ void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int3
   if (!be_.dry_run) {
     upload(ids, mask, types, b);
     if (packed) {
-      ops::copy(be_, host_tensor(packed_rows_.data(), DType::I32, {tokens}), b.packed_rows);
-      ops::copy(be_, host_tensor(row_start_.data(), DType::I32, {batch + 1}), b.row_start);
+      ops::copy(be_, host_tensor(packed_rows_, DType::I32, {tokens}), b.packed_rows);
+      ops::copy(be_, host_tensor(row_start_, DType::I32, {batch + 1}), b.row_start);
     }
   }
   if (g) {  // recorded (or about to be): the logits land in page-locked memory
