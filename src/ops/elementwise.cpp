@@ -7,6 +7,7 @@
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
 #include "ops/cpu_activation.h"
+#include "ops/cpu_gelu.h"
 #include "ops/op_util.h"
 
 namespace hone {
@@ -111,19 +112,13 @@ void dropout_add(Backend& be, const Tensor& x, const Tensor& residual, const Dro
 
 namespace {
 
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kGeluCubic = 0.044715f;
+using cpu_gelu::gelu;
+using cpu_gelu::gelu_grad;
 
-// Each GELU and its gradient share one transcendental, e (1 + erf) or t (tanh): the
+// As the erf GELU's (cpu_gelu.h), the tanh GELU and its gradient share t = tanh(...): the
 // *_from forms take it, so that a pass wanting both computes it once, to the same bits.
-float gelu_e(float x) { return 1.0f + std::erf(x * kInvSqrt2); }
-float gelu_from(float x, float e) { return 0.5f * x * e; }
-float gelu_grad_from(float x, float e) { return 0.5f * e + x * kInvSqrt2Pi * std::exp(-0.5f * x * x); }
-float gelu(float x) { return gelu_from(x, gelu_e(x)); }
-float gelu_grad(float x) { return gelu_grad_from(x, gelu_e(x)); }
-
 float gelu_tanh_t(float x) { return std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)); }
 float gelu_tanh_from(float x, float t) { return 0.5f * x * (1.0f + t); }
 float gelu_tanh_grad_from(float x, float t) {
@@ -137,6 +132,14 @@ template <typename F>
 void for_each_index(int64_t n, F f) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) f(i);
+}
+
+// f(lo, hi) over [0, n) in parallel, in ranges of whole 16-element groups.
+template <typename F>
+void for_each_range(int64_t n, F f) {
+  constexpr int64_t kRange = 4096;
+#pragma omp parallel for schedule(static)
+  for (int64_t lo = 0; lo < n; lo += kRange) f(lo, std::min(n, lo + kRange));
 }
 
 // f(i, keep) over the mask of `d` for elements [0, n), in parallel chunks whose size is
@@ -156,7 +159,8 @@ void CpuBackend::activation_forward(Activation a, const Tensor& x, Tensor& y) {
   const float* xp = x.f32();
   float* yp = y.f32();
   switch (a) {
-    case Activation::Gelu: return for_each_index(x.numel(), [&](int64_t i) { yp[i] = gelu(xp[i]); });
+    case Activation::Gelu:
+      return for_each_range(x.numel(), [&](int64_t lo, int64_t hi) { cpu_gelu::forward(xp + lo, yp + lo, hi - lo); });
     case Activation::GeluTanh: return for_each_index(x.numel(), [&](int64_t i) { yp[i] = gelu_tanh(xp[i]); });
     case Activation::Relu: return for_each_index(x.numel(), [&](int64_t i) { yp[i] = std::max(xp[i], 0.0f); });
   }
@@ -167,7 +171,9 @@ void CpuBackend::activation_backward(Activation a, const Tensor& dy, const Tenso
   float* dxp = dx.f32();
   switch (a) {
     case Activation::Gelu:
-      return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = dyp[i] * gelu_grad(xp[i]); });
+      return for_each_range(x.numel(), [&](int64_t lo, int64_t hi) {
+        cpu_gelu::backward(dyp + lo, xp + lo, dxp + lo, hi - lo);
+      });
     case Activation::GeluTanh:
       return for_each_index(x.numel(), [&](int64_t i) { dxp[i] = dyp[i] * gelu_tanh_grad(xp[i]); });
     case Activation::Relu:  // zero gradient at 0, as torch
@@ -180,10 +186,8 @@ void activation_with_grad(Activation a, const Tensor& x, Tensor& y, Tensor& g) {
   float *yp = y.f32(), *gp = g.f32();
   switch (a) {
     case Activation::Gelu:
-      return for_each_index(x.numel(), [&](int64_t i) {
-        const float e = gelu_e(xp[i]);
-        yp[i] = gelu_from(xp[i], e);
-        gp[i] = gp[i] * gelu_grad_from(xp[i], e);
+      return for_each_range(x.numel(), [&](int64_t lo, int64_t hi) {
+        cpu_gelu::forward_with_grad(xp + lo, yp + lo, gp + lo, hi - lo);
       });
     case Activation::GeluTanh:
       return for_each_index(x.numel(), [&](int64_t i) {
