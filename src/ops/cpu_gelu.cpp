@@ -108,25 +108,31 @@ HONE_AVX512 __m512 erf16(__m512 x) {
   const __mmask16 negative = _mm512_cmplt_epi32_mask(hx, _mm512_setzero_si512());
   const __m512 ax = _mm512_castsi512_ps(ix);
 
-  // 1.25 <= |x| < 6: 1 - exp(-z^2 - 0.5625) exp((z - x)(z + x) + R/S) / |x|, z |x| cut to 12 bits.
-  const __m512 s = _mm512_div_ps(one, _mm512_mul_ps(ax, ax));
-  const __mmask16 near = less(ix, 0x4036DB6E);
-  const __m512 R = _mm512_mask_mov_ps(horner(s, rb), near, horner(s, ra));
-  const __m512 S = _mm512_mask_mov_ps(horner(s, sb), near, horner(s, sa));
-  const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(ix, _mm512_set1_epi32(int(0xfffff000u))));
-  const __m512 e1 = exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), splat(0.5625f)));
-  const __m512 e2 = exp16(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(z, ax), _mm512_add_ps(z, ax)), _mm512_div_ps(R, S)));
-  const __m512 q = _mm512_div_ps(_mm512_mul_ps(e1, e2), ax);
-  __m512 y = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, q), _mm512_sub_ps(q, one));
+  // 1.25 <= |x| < 6: 1 - exp(-z^2 - 0.5625) exp((z - x)(z + x) + R/S) / |x|, z |x| cut to 12
+  // bits. Its two exps cost the most: skipped where no lane is in the range.
+  __m512 y = _mm512_setzero_ps();
+  if (_mm512_kandn(less(ix, 0x3fa00000), less(ix, 0x40c00000))) {
+    const __m512 s = _mm512_div_ps(one, _mm512_mul_ps(ax, ax));
+    const __mmask16 near = less(ix, 0x4036DB6E);
+    const __m512 R = _mm512_mask_mov_ps(horner(s, rb), near, horner(s, ra));
+    const __m512 S = _mm512_mask_mov_ps(horner(s, sb), near, horner(s, sa));
+    const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(ix, _mm512_set1_epi32(int(0xfffff000u))));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), z), z), splat(0.5625f)));
+    const __m512 e2 =
+        exp16(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(z, ax), _mm512_add_ps(z, ax)), _mm512_div_ps(R, S)));
+    const __m512 q = _mm512_div_ps(_mm512_mul_ps(e1, e2), ax);
+    y = _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, q), _mm512_sub_ps(q, one));
+  }
 
   // 6 <= |x| < inf: +-(1 - tiny).
   const __mmask16 far = ~less(ix, 0x40c00000);
   y = _mm512_mask_mov_ps(y, far, _mm512_mask_blend_ps(negative, _mm512_sub_ps(one, splat(tiny)),
                                                       _mm512_sub_ps(splat(tiny), one)));
   // inf and NaN: (1 - 2 sign) + 1 / x.
-  const __mmask16 special = ~less(ix, 0x7f800000);
-  const __m512 unit = _mm512_mask_blend_ps(negative, one, splat(-1.0f));
-  y = _mm512_mask_mov_ps(y, special, _mm512_add_ps(unit, _mm512_div_ps(one, x)));
+  if (const __mmask16 special = ~less(ix, 0x7f800000)) {
+    const __m512 unit = _mm512_mask_blend_ps(negative, one, splat(-1.0f));
+    y = _mm512_mask_mov_ps(y, special, _mm512_add_ps(unit, _mm512_div_ps(one, x)));
+  }
 
   // 0.84375 <= |x| < 1.25: +-(erx + P/Q) in |x| - 1.
   const __m512 t = _mm512_sub_ps(ax, one);
