@@ -3,10 +3,10 @@
 // about a minute on two cores), and the three GELU passes over the same inputs.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "ops/cpu_gelu.h"
@@ -14,16 +14,8 @@
 namespace hone {
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-float from_bits(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+float from_bits(uint32_t b) { return std::bit_cast<float>(b); }
 
 // Bit patterns start, start + stride, ... below 2^32, with the values the ranges turn on.
 std::vector<float> sweep(uint64_t start, uint64_t stride) {

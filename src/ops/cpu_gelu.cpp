@@ -9,8 +9,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 namespace hone::cpu_gelu {
@@ -31,8 +31,7 @@ const ExpTable& exp_table() {
     ExpTable t{};
     for (int i = 0; i < 32; ++i) {
       const double v = double(std::exp2(static_cast<long double>(i) / 32.0L));
-      std::memcpy(&t.bits[i], &v, sizeof v);
-      t.bits[i] -= uint64_t(i) << 47;
+      t.bits[i] = std::bit_cast<uint64_t>(v) - (uint64_t(i) << 47);
     }
     return t;
   }();
@@ -211,12 +210,7 @@ namespace {
 // the last bit. (A library with other algorithms differs on many of them.)
 bool same_as_the_c_library() {
   std::vector<float> x;
-  for (uint64_t b = 5; b < (uint64_t(1) << 32); b += 65537) {
-    const uint32_t bits = uint32_t(b);
-    float f;
-    std::memcpy(&f, &bits, 4);
-    x.push_back(f);
-  }
+  for (uint64_t b = 5; b < (uint64_t(1) << 32); b += 65537) x.push_back(std::bit_cast<float>(uint32_t(b)));
   x.push_back(32.564632415771484f);
   x.push_back(-63.099460601806641f);
   const int64_t n = int64_t(x.size());
@@ -224,12 +218,12 @@ bool same_as_the_c_library() {
   erf_avx512(x.data(), got.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     const float want = std::erf(x[size_t(i)]);
-    if (std::memcmp(&want, &got[size_t(i)], 4) != 0) return false;
+    if (std::bit_cast<uint32_t>(want) != std::bit_cast<uint32_t>(got[size_t(i)])) return false;
   }
   exp_avx512(x.data(), got.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     const float want = std::exp(x[size_t(i)]);
-    if (std::memcmp(&want, &got[size_t(i)], 4) != 0) return false;
+    if (std::bit_cast<uint32_t>(want) != std::bit_cast<uint32_t>(got[size_t(i)])) return false;
   }
   return true;
 }

@@ -63,15 +63,14 @@ void linear_activation_forward(Backend& be, Activation a, const Tensor& x, const
   const char* op = "linear_activation_forward";
   const auto [m, k, n] = linear_dims(be, op, x, w);
   if (b) detail::expect(op, "b", *b, x.dtype, {n});
-  const bool kept = pre.data != nullptr;  // empty: nothing keeps the product before the activation
-  if (kept) detail::expect(op, "pre", pre, x.dtype, {m, n});
+  if (pre.data) detail::expect(op, "pre", pre, x.dtype, {m, n});  // empty: nothing keeps the product
   detail::expect(op, "y", y, x.dtype, {m, n});
   if (be.dry_run) return;
   const Tensor none;
   detail::expect_disjoint(op, {{"pre", pre}, {"y", y}}, {{"x", x}, {"w", w}, {"b", b ? *b : none}}, {});
   detail::OpScope scope(be, op, OpClass::Contraction,
                         {2.0 * double(m) * double(k) * double(n),
-                         detail::bytes(x, w, y) + (kept ? detail::bytes(pre) : 0.0) + detail::bytes_if(b)});
+                         detail::bytes(x, w, pre, y) + detail::bytes_if(b)});  // an empty pre counts 0
   be.linear_activation_forward(a, x, w, b, pre, y);
 }
 
