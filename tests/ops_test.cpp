@@ -19,6 +19,7 @@
 #include "hone/cpu_backend.h"
 #include "hone/philox.h"
 #include "hone/profile.h"
+#include "ops/cpu_pages.h"
 #include "test_util.h"
 
 namespace hone {
@@ -135,6 +136,28 @@ TEST(OpsMemory, FillCopyRead) {
   EXPECT_TRUE(resident[3] & 1);
   EXPECT_FALSE(resident[20] & 1);
   for (size_t i = 0; i < pages * per_page; ++i) ASSERT_EQ(f[i], 0.0f) << i;
+  munmap(map, pages * page);
+}
+
+// Claimed pages are resident and writable before anything reads them, and keep what they
+// held; pages outside the range stay as they were.
+TEST(OpsFill, ClaimForWriteMakesPagesResident) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE)), pages = 16;
+  void* map = mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  if (madvise(map, page, MADV_POPULATE_WRITE) != 0) {
+    munmap(map, pages * page);
+    GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14): claim_for_write is a no-op here";
+  }
+  float* f = static_cast<float*>(map);
+  const size_t per_page = page / sizeof(float);
+  f[2 * per_page + 3] = 7.0f;                                       // one page written already
+  cpu_pages::claim_for_write(f + per_page + 5, 8 * page);  // pages 1..9, partial at both ends
+  unsigned char resident[16];
+  ASSERT_EQ(mincore(map, pages * page, resident), 0);
+  for (size_t i = 1; i <= 9; ++i) EXPECT_TRUE(resident[i] & 1) << "page " << i;
+  EXPECT_FALSE(resident[12] & 1);
+  for (size_t i = per_page; i < 10 * per_page; ++i) ASSERT_EQ(f[i], i == 2 * per_page + 3 ? 7.0f : 0.0f) << i;
   munmap(map, pages * page);
 }
 

@@ -7,6 +7,7 @@
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
 #include "ops/cpu_activation.h"
+#include "ops/cpu_pages.h"
 #include "ops/op_util.h"
 
 namespace hone {
@@ -171,6 +172,7 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
   const int m = int(x.shape[0]), k = int(x.shape[1]), n = int(w.shape[0]);
   const float* dyp = dy.f32();
   if (dx) input_grad(dy, w, *dx, accumulate_dx);
+  cpu_pages::claim_for_write(dw.data, dw.bytes());  // the product adds to dw: it reads before writing
   // dw rows [lo, hi) take columns [lo, hi) of dy.
   split_rows(n, [&](int lo, int hi) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, k, m, 1.0f, dyp + lo, n, x.f32(), k, 1.0f,
