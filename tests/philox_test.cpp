@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/op_util.h"
+#include "ops/cpu_dropout.h"
 
 namespace hone {
 namespace {
@@ -57,28 +57,33 @@ TEST(Philox, DropoutMasksDependOnSeedAndStream) {
   EXPECT_NEAR(same_stream, 500, 60);
 }
 
-// The ops walk masks one Philox block at a time; that must give the per-element function's
-// bits from any start, aligned to a block or not.
-template <typename Walk>
-void expect_walk_matches(Walk walk, bool (*keep)(uint64_t, uint64_t, uint64_t, float)) {
-  const DropoutSpec d{0.3f, 99, 5};
-  for (uint64_t begin : {0ull, 1ull, 3ull, 4ull, 7ull, 8ull, 1001ull}) {
-    for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 17, 33}) {
-      std::vector<int> seen(size_t(n), -1);
-      walk(d, begin, n, [&](int64_t k, bool kept) { seen[size_t(k)] = kept; });
-      for (int64_t k = 0; k < n; ++k)
-        EXPECT_EQ(seen[size_t(k)], int(keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
-            << "begin " << begin << " k " << k;
+// The CPU draws masks sixteen blocks at a time in vector lanes (cpu_dropout.h), the rest a
+// block at a time: that must give the per-element function's bits from any start, aligned
+// to a block or not, over lengths that take whole and partial vector passes, where the low
+// half of the block index wraps within a pass, and for a seed and stream with both halves
+// set, writing nothing past the end.
+template <typename Mask>
+void expect_mask_matches(Mask mask, bool (*keep)(uint64_t, uint64_t, uint64_t, float), int per_block) {
+  const uint64_t wrap = ((uint64_t(1) << 32) - 5) * uint64_t(per_block) + 3;  // 5 blocks before 2^32
+  for (const DropoutSpec d : {DropoutSpec{0.3f, 99, 5}, DropoutSpec{0.9f, 0x123456789abcdefull, 0xfedcba987654321ull},
+                              DropoutSpec{0.5f, 1, 2}}) {
+    for (uint64_t begin : {uint64_t(0), uint64_t(1), uint64_t(3), uint64_t(4), uint64_t(7), uint64_t(8), uint64_t(1001), wrap}) {
+      for (int64_t n : {0, 1, 3, 4, 5, 7, 8, 9, 17, 33, 64, 65, 127, 128, 200, 256, 300, 777}) {
+        std::vector<uint8_t> seen(size_t(n) + 1, 7);
+        mask(d, begin, n, seen.data());
+        EXPECT_EQ(seen[size_t(n)], 7) << "written past the end";
+        for (int64_t k = 0; k < n; ++k)
+          ASSERT_EQ(int(seen[size_t(k)]), int(keep(d.seed, d.stream, begin + uint64_t(k), d.p)))
+              << "p " << d.p << " begin " << begin << " k " << k;
+      }
     }
   }
 }
 
-TEST(Philox, BlockWalkMatchesDropoutKeep) {
-  expect_walk_matches([](auto&&... a) { ops::detail::for_each_keep(a...); }, dropout_keep);
-}
+TEST(Philox, DropoutMaskMatchesDropoutKeep) { expect_mask_matches(cpu_dropout::keep_mask, dropout_keep, 4); }
 
-TEST(Philox, AttentionBlockWalkMatchesAttentionKeep) {
-  expect_walk_matches([](auto&&... a) { ops::detail::for_each_attention_keep(a...); }, attention_keep);
+TEST(Philox, AttentionMaskMatchesAttentionKeep) {
+  expect_mask_matches(cpu_dropout::attention_keep_mask, attention_keep, 8);
 }
 
 // Attention's mask: 16 bits per element, eight elements per block, the low half first.

@@ -14,6 +14,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
+#include "ops/cpu_dropout.h"
 #include "ops/op_util.h"
 
 namespace hone {
@@ -226,10 +227,17 @@ void probs_row(float* row, const int32_t* mask, int n, std::pair<int, int> keys,
 
 }  // namespace
 
-// Heads run in parallel, one per thread, each with its own scratch: the probabilities,
-// the dropped probabilities and the score gradient of one head.
+namespace {
+
+// A thread's scratch in F32 elements: three [S, S] blocks (scores/probs, dropped probs,
+// score gradient), then the head's dropout mask, a byte per element.
+int64_t scratch_elems(int64_t S) { return 3 * S * S + (S * S + 3) / 4; }
+
+}  // namespace
+
+// Heads run in parallel, one per thread, each with its own scratch.
 int64_t CpuBackend::attention_workspace_elems(const AttentionDims& d, DType) const {
-  return int64_t(omp_get_max_threads()) * 3 * int64_t(d.seq) * d.seq;
+  return int64_t(omp_get_max_threads()) * scratch_elems(d.seq);
 }
 
 namespace {
@@ -269,9 +277,19 @@ void check_row_start(const Tensor& qkv, const Tensor& row_start, const Attention
 float* head_scores(const AttentionDims& d, const float* qkvp, const Tensor& workspace, const HeadRows& r) {
   const int H = d.hidden(), ld = 3 * H;
   const float* q = qkvp + r.first * ld + r.h * d.head_dim;
-  float* p = workspace.f32() + int64_t(omp_get_thread_num()) * 3 * r.S * r.S;
+  float* p = workspace.f32() + int64_t(omp_get_thread_num()) * scratch_elems(r.S);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r.n, r.n, d.head_dim, d.scale, q, ld, q + H, ld, 0.0f, p, r.n);
   return p;
+}
+
+// The head's dropout mask in this thread's scratch: row i, key j at i S + j. The rows'
+// elements (row i: (bh S + i) S + j) are drawn as one run, with the S - n past each row's
+// end, so that the generator's vector passes are not cut at each row.
+const uint8_t* head_mask(const DropoutSpec& drop, const Tensor& workspace, const HeadRows& r) {
+  const int64_t S = r.S;
+  auto* keep = reinterpret_cast<uint8_t*>(workspace.f32() + int64_t(omp_get_thread_num()) * scratch_elems(S) + 3 * S * S);
+  cpu_dropout::attention_keep_mask(drop, uint64_t(r.bh) * uint64_t(S * S), (r.n - 1) * S + r.n, keep);
+  return keep;
 }
 
 // ctx = dropout(softmax(scores)) V for one head; its statistics into stats (when given).
@@ -282,7 +300,7 @@ void forward_head(const AttentionDims& d, const DropoutSpec& drop, const float* 
   const float keep_scale = dropping ? 1.0f / (1.0f - drop.p) : 1.0f;
   float* p = head_scores(d, qkvp, workspace, r);
   float* dropped = p + int64_t(n) * n;
-  const uint64_t base = uint64_t(r.bh) * r.S * r.S;  // flat index of probs[b, h, 0, 0]
+  const uint8_t* keep = dropping ? head_mask(drop, workspace, r) : nullptr;
   for (int i = 0; i < n; ++i) {
     float* row = p + int64_t(i) * n;
     const auto [mx, inv] = masked_softmax_row(row, r.mask, n, window_keys(d.window, i, n));
@@ -292,8 +310,8 @@ void forward_head(const AttentionDims& d, const DropoutSpec& drop, const float* 
     }
     if (dropping) {
       float* out = dropped + int64_t(i) * n;
-      ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * r.S, n,
-                                           [&](int64_t j, bool keep) { out[j] = keep ? row[j] * keep_scale : 0.0f; });
+      const uint8_t* kept = keep + int64_t(i) * r.S;
+      for (int j = 0; j < n; ++j) out[j] = kept[j] ? row[j] * keep_scale : 0.0f;
     }
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, 1.0f, dropping ? dropped : p, n,
@@ -322,7 +340,7 @@ void backward_head(const AttentionDims& d, const DropoutSpec& drop, const float*
   float* dk = dq + H;
   float* dv = dq + 2 * H;
   const float* dc = dctxp + r.first * H + r.h * hd;
-  const uint64_t base = uint64_t(r.bh) * r.S * r.S;
+  const uint8_t* keep = dropping ? head_mask(drop, workspace, r) : nullptr;
   // d(dropped probs) = dctx V^T
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, 1.0f, dc, H, v, ld, 0.0f, dscores, n);
   for (int i = 0; i < n; ++i) {
@@ -331,10 +349,11 @@ void backward_head(const AttentionDims& d, const DropoutSpec& drop, const float*
     if (dropping) {
       // One walk of the mask gives both the dropped probs (for dV) and d(probs).
       float* out = dropped + int64_t(i) * n;
-      ops::detail::for_each_attention_keep(drop, base + uint64_t(i) * r.S, n, [&](int64_t j, bool keep) {
-        out[j] = keep ? prow[j] * keep_scale : 0.0f;
-        g[j] = keep ? g[j] * keep_scale : 0.0f;
-      });
+      const uint8_t* kept = keep + int64_t(i) * r.S;
+      for (int j = 0; j < n; ++j) {
+        out[j] = kept[j] ? prow[j] * keep_scale : 0.0f;
+        g[j] = kept[j] ? g[j] * keep_scale : 0.0f;
+      }
     }
     // Softmax backward: dS = P * (dP - sum(dP * P)).
     double dot = 0;

@@ -7,6 +7,7 @@
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
 #include "ops/cpu_activation.h"
+#include "ops/cpu_dropout.h"
 #include "ops/cpu_gelu.h"
 #include "ops/op_util.h"
 
@@ -143,14 +144,17 @@ void for_each_range(int64_t n, F f) {
 }
 
 // f(i, keep) over the mask of `d` for elements [0, n), in parallel chunks whose size is
-// a multiple of four so that no Philox block is computed twice.
+// a multiple of 64 so that no Philox block is computed twice.
 template <typename F>
 void for_each_keep_parallel(const DropoutSpec& d, int64_t n, F f) {
   constexpr int64_t kChunk = 4096;
 #pragma omp parallel for schedule(static)
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk)
-    ops::detail::for_each_keep(d, uint64_t(c0), std::min(kChunk, n - c0),
-                               [&](int64_t k, bool keep) { f(c0 + k, keep); });
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - c0);
+    uint8_t keep[kChunk];
+    cpu_dropout::keep_mask(d, uint64_t(c0), m, keep);
+    for (int64_t k = 0; k < m; ++k) f(c0 + k, keep[k] != 0);
+  }
 }
 
 }  // namespace

@@ -106,29 +106,4 @@ inline void expect_dropout(const char* op, const DropoutSpec& d) {
   if (!(d.p >= 0.0f && d.p <= 1.0f)) fail("{}: dropout probability {} is outside [0, 1]", op, d.p);
 }
 
-// Calls f(k, keep) for elements begin + k, k in [0, n), of the dropout mask of `d`, with
-// the same bits as dropout_keep but one Philox block per four elements.
-template <typename F>
-inline void for_each_keep(const DropoutSpec& d, uint64_t begin, int64_t n, F&& f) {
-  const uint64_t end = begin + uint64_t(n);
-  uint64_t i = begin;
-  while (i < end) {
-    const Philox4 r = philox_block(d.seed, dropout_stream(d), i >> 2);
-    for (uint64_t w = i & 3; w < 4 && i < end; ++w, ++i) f(int64_t(i - begin), uniform_from_word(r.v[w]) >= d.p);
-  }
-}
-
-// The same for attention's mask: attention_keep's bits, one Philox block per eight elements.
-template <typename F>
-inline void for_each_attention_keep(const DropoutSpec& d, uint64_t begin, int64_t n, F&& f) {
-  const uint64_t end = begin + uint64_t(n);
-  const uint32_t threshold = attention_keep_threshold(d.p);
-  uint64_t i = begin;
-  while (i < end) {
-    const Philox4 r = philox_block(d.seed, dropout_stream(d), i >> 3);
-    for (uint64_t e = i & 7; e < 8 && i < end; ++e, ++i)
-      f(int64_t(i - begin), attention_half_kept(r.v[e >> 1], uint32_t(e & 1), threshold));
-  }
-}
-
 }  // namespace hone::ops::detail
