@@ -1,6 +1,9 @@
 // Zeroing without making memory resident, and claiming pages before a product reads them.
 #include "ops/cpu_pages.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -21,16 +24,33 @@ size_t page_size() {
 // Clears [begin, end) unless it is all zero bits already. Read 64 bytes at a time, stopping
 // at the first that are not zero: a page read as the kernel's zero page costs a pass over
 // cached memory, a written one little more than its clearing.
-void clear_nonzero(char* begin, char* end) {
+bool nonzero(const char* begin, const char* end) {
   uint64_t any = 0;
-  char* p = begin;
+  const char* p = begin;
   for (; p + 64 <= end && any == 0; p += 64) {
     uint64_t words[8];
     std::memcpy(words, p, 64);
     for (const uint64_t w : words) any |= w;
   }
   for (; p < end && any == 0; ++p) any |= uint8_t(*p);
-  if (any != 0) std::memset(begin, 0, size_t(end - begin));
+  return any != 0;
+}
+
+void clear_nonzero(char* begin, char* end) {
+  if (nonzero(begin, end)) std::memset(begin, 0, size_t(end - begin));
+}
+
+// The same for a whole page, whose zeros are written with streaming stores: they skip
+// reading the lines they replace (which memset's stores do), about a third less time for
+// the gradients' pages after a step. The caller fences the stores.
+void clear_nonzero_page(char* p, size_t page) {
+  if (!nonzero(p, p + page)) return;
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  for (size_t i = 0; i < page; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(p + i), zero);
+#else
+  std::memset(p, 0, page);
+#endif
 }
 
 }  // namespace
@@ -65,9 +85,15 @@ void zero_bytes(char* begin, char* end) {
     i = j;
   }
   const unsigned char* in_core = resident.data();  // this thread's: the loop's threads read it here
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < pages; ++i)
-    if (in_core[i] & 1) clear_nonzero(first + i * page, first + (i + 1) * page);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static) nowait
+    for (size_t i = 0; i < pages; ++i)
+      if (in_core[i] & 1) clear_nonzero_page(first + i * page, page);
+#if defined(__SSE2__)
+    _mm_sfence();  // this thread's streaming stores are visible before the region's barrier
+#endif
+  }
 }
 
 
