@@ -4,12 +4,13 @@
 // producer streams 64-column slices of x's and w's 128-row tiles through TMA into a ring of
 // 128-byte-swizzled stages; each consumer warpgroup takes every other 128 x 128 tile of the
 // CTA, issues warpgroup MMAs on its slices (both operands from shared memory, K-major, F32
-// accumulators), then adds the bias, applies the GELU and stores. The consumers' main loops
-// take turns, so one's epilogue (erf on 16 Ki elements, the stores) runs during the other's
-// MMAs. The epilogue stages the tile in shared memory and writes whole rows: stored
-// straight from the MMA fragments, each warp store wrote 16 bytes in each of 8 rows, and
-// the stores took longer than the MMAs.
-// Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.256 ms (537
+// accumulators), then adds the bias, stages the pre-activations in shared memory rounded
+// to the dtype (as the unfused product writes them, so the GELU's inputs are the training
+// forward's), and applies the GELU as it stores whole rows. The consumers' main loops take
+// turns, so one's epilogue (erf on 16 Ki elements, the stores) runs during the other's
+// MMAs. Stored straight from the MMA fragments, each warp store wrote 16 bytes in each of
+// 8 rows, and the stores took longer than the MMAs.
+// Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.255 ms (539
 // TFLOP/s) against 0.289 for cuBLASLt's product and the GELU pass, the product alone 0.19.
 // What is left is the erf's: with the identity in its place the kernel takes 0.201 ms
 // (docs/design/fusions.md has what was tried).
@@ -56,17 +57,37 @@ struct Smem {
 // BERT's GELU, as the separate pass computes it (elementwise.cu).
 __device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 
-// Copies a staged [128][kStagedRow] tile's first m - m0 rows to out[m0.., n0..], 16 bytes a
-// thread at a time; the warpgroup's barrier `bar` brackets the staging.
+// The GELU of eight staged pre-activations, packed as they are: independent elements side
+// by side, so that their erfs' dependent chains interleave.
 template <typename T>
-__device__ __forceinline__ void write_staged(T* out, const T* staged, int m0, int n0, int m, int n, int bar) {
+__device__ __forceinline__ int4 gelu8(int4 v) {
+  uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = unpack<T>(w[i]);
+    w[i] = pack<T>(gelu(f.x), gelu(f.y));
+  }
+  return make_int4(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
+}
+
+// Writes the GELU of a staged [128][kStagedRow] tile of pre-activations (its first m - m0
+// rows) to out[m0.., n0..], 16 bytes a thread at a time, two pieces in flight; the
+// warpgroup's barrier `bar` brackets the staging. Here, after the accumulators are dead,
+// the erfs have the registers to run side by side, which the fragments' own epilogue
+// (128 accumulators live) did not leave them.
+template <typename T>
+__device__ __forceinline__ void write_staged_gelu(T* out, const T* staged, int m0, int n0, int m, int n, int bar) {
   named_barrier(bar, 128);  // the fragments are staged
   constexpr int kPieces = kTileN / 8;
-  const int rows = min(kTileM, m - m0);
-  for (int c = threadIdx.x % 128; c < rows * kPieces; c += 128) {
-    const int row = c / kPieces, piece = c % kPieces;
-    *reinterpret_cast<int4*>(out + int64_t(m0 + row) * n + n0 + piece * 8) =
-        *reinterpret_cast<const int4*>(staged + row * kStagedRow + piece * 8);
+  const int rows = min(kTileM, m - m0), pieces = rows * kPieces;
+  for (int c = threadIdx.x % 128; c < pieces; c += 256) {
+    const int c2 = c + 128;
+    const int4 a = *reinterpret_cast<const int4*>(staged + (c / kPieces) * kStagedRow + c % kPieces * 8);
+    const int4 b = c2 < pieces ? *reinterpret_cast<const int4*>(staged + (c2 / kPieces) * kStagedRow + c2 % kPieces * 8)
+                               : make_int4(0, 0, 0, 0);
+    const int4 ga = gelu8<T>(a), gb = gelu8<T>(b);
+    *reinterpret_cast<int4*>(out + int64_t(m0 + c / kPieces) * n + n0 + c % kPieces * 8) = ga;
+    if (c2 < pieces) *reinterpret_cast<int4*>(out + int64_t(m0 + c2 / kPieces) * n + n0 + c2 % kPieces * 8) = gb;
   }
   named_barrier(bar, 128);  // the staging buffer is free again
 }
@@ -165,10 +186,10 @@ __global__ void __launch_bounds__(kProductThreads, 1)
         for (int r = 0; r < 2; ++r) {
           const int row = 64 * h + 16 * wq + g + 8 * r;
           *reinterpret_cast<uint32_t*>(staged + row * kStagedRow + col) =
-              pack<T>(gelu(acc[h][4 * nt + 2 * r] + b.x), gelu(acc[h][4 * nt + 2 * r + 1] + b.y));
+              pack<T>(acc[h][4 * nt + 2 * r] + b.x, acc[h][4 * nt + 2 * r + 1] + b.y);
         }
     }
-    write_staged(y, staged, m0, n0, m, n, 1 + wg);
+    write_staged_gelu(y, staged, m0, n0, m, n, 1 + wg);
   }
 #else
   __trap();  // picked only where hopper_kernels_present() says this image has the body
