@@ -17,18 +17,22 @@ struct Philox4 {
   uint32_t v[4];
 };
 
+// The round multipliers and the key's increments (Weyl constants).
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+
 HONE_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   for (int r = 0; r < 10; ++r) {
-    uint64_t p0 = uint64_t(0xD2511F53u) * c0;
-    uint64_t p1 = uint64_t(0xCD9E8D57u) * c2;
+    uint64_t p0 = uint64_t(kPhiloxM0) * c0;
+    uint64_t p1 = uint64_t(kPhiloxM1) * c2;
     uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
     uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
     c1 = uint32_t(p1);
     c3 = uint32_t(p0);
     c0 = n0;
     c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
   }
   return {{c0, c1, c2, c3}};
 }

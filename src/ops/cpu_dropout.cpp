@@ -34,7 +34,7 @@ struct Words {
 };
 
 HONE_AVX512 Words philox16(uint64_t seed, uint64_t stream, uint64_t first) {
-  const __m512i m0 = _mm512_set1_epi32(int(0xD2511F53u)), m1 = _mm512_set1_epi32(int(0xCD9E8D57u));
+  const __m512i m0 = _mm512_set1_epi32(int(kPhiloxM0)), m1 = _mm512_set1_epi32(int(kPhiloxM1));
   __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(int(uint32_t(first))),
                                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   __m512i c1 = _mm512_set1_epi32(int(uint32_t(first >> 32)));
@@ -49,8 +49,8 @@ HONE_AVX512 Words philox16(uint64_t seed, uint64_t stream, uint64_t first) {
     c2 = _mm512_ternarylogic_epi32(hi0, c3, _mm512_set1_epi32(int(k1)), 0x96);
     c1 = lo1;
     c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
   }
   return {{c0, c1, c2, c3}};
 }
@@ -130,8 +130,7 @@ HONE_AVX512 int64_t attention_keep_mask_avx512(uint64_t seed, uint64_t stream, u
                                 [&](uint64_t first, uint8_t* out) { attention_pass(seed, stream, threshold, first, out); });
 }
 
-}  // namespace
-
+// Whether the vector forms run here.
 bool vectorized() {
   static const bool yes = [] {
     __builtin_cpu_init();
@@ -139,6 +138,8 @@ bool vectorized() {
   }();
   return yes;
 }
+
+}  // namespace
 
 void keep_mask(const DropoutSpec& d, uint64_t begin, int64_t n, uint8_t* keep) {
   const uint64_t stream = dropout_stream(d);

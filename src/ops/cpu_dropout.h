@@ -15,7 +15,4 @@ void keep_mask(const DropoutSpec& d, uint64_t begin, int64_t n, uint8_t* keep);
 // keep[k] = attention_keep(d.seed, dropout_stream(d), begin + k, d.p), k in [0, n).
 void attention_keep_mask(const DropoutSpec& d, uint64_t begin, int64_t n, uint8_t* keep);
 
-// Whether the vector forms run here.
-bool vectorized();
-
 }  // namespace hone::cpu_dropout

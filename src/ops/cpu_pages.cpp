@@ -21,9 +21,9 @@ size_t page_size() {
   return page;
 }
 
-// Clears [begin, end) unless it is all zero bits already. Read 64 bytes at a time, stopping
-// at the first that are not zero: a page read as the kernel's zero page costs a pass over
-// cached memory, a written one little more than its clearing.
+// Whether [begin, end) has a bit set. Read 64 bytes at a time, stopping at the first that
+// are not zero: a page read as the kernel's zero page costs a pass over cached memory, a
+// written one little more than its clearing.
 bool nonzero(const char* begin, const char* end) {
   uint64_t any = 0;
   const char* p = begin;
@@ -36,6 +36,7 @@ bool nonzero(const char* begin, const char* end) {
   return any != 0;
 }
 
+// Clears [begin, end) unless it is all zero bits already.
 void clear_nonzero(char* begin, char* end) {
   if (nonzero(begin, end)) std::memset(begin, 0, size_t(end - begin));
 }
@@ -95,7 +96,6 @@ void zero_bytes(char* begin, char* end) {
 #endif
   }
 }
-
 
 void claim_for_write(void* begin, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
