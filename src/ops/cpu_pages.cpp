@@ -54,6 +54,13 @@ void clear_nonzero_page(char* p, size_t page) {
 #endif
 }
 
+// mincore's answer for the pages [first, last) (page-aligned) in this thread's vector: bit 0
+// of each byte set where the page is resident. False where mincore fails.
+bool resident_pages(char* first, char* last, std::vector<unsigned char>& resident) {
+  resident.resize(size_t(last - first) / page_size());
+  return mincore(first, size_t(last - first), resident.data()) == 0;
+}
+
 }  // namespace
 
 // Zeroes bytes [begin, end) without making resident a page that is not: memory the
@@ -72,8 +79,7 @@ void zero_bytes(char* begin, char* end) {
   clear_nonzero(last, end);
   const size_t pages = size_t(last - first) / page;
   thread_local std::vector<unsigned char> resident;
-  resident.resize(pages);
-  if (mincore(first, size_t(last - first), resident.data()) != 0) std::fill(resident.begin(), resident.end(), 1);
+  if (!resident_pages(first, last, resident)) std::fill(resident.begin(), resident.end(), 1);
   for (size_t i = 0; i < pages;) {  // runs of pages that are not resident
     if (resident[i] & 1) {
       ++i;
@@ -101,18 +107,15 @@ void claim_for_write(void* begin, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
   if (bytes == 0) return;
   const uintptr_t page = page_size();
-  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) / page * page;
-  const uintptr_t last = (reinterpret_cast<uintptr_t>(begin) + bytes + page - 1) / page * page;
-  const size_t pages = size_t(last - first) / page;
+  char* first = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(begin) / page * page);
+  char* last = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(begin) + bytes + page - 1) / page * page);
   thread_local std::vector<unsigned char> resident;
-  resident.resize(pages);
-  void* base = reinterpret_cast<void*>(first);
-  if (mincore(base, last - first, resident.data()) != 0) return;
+  if (!resident_pages(first, last, resident)) return;
   for (const unsigned char r : resident)
     if (!(r & 1)) {
       // A hint: a kernel without MADV_POPULATE_WRITE (before 5.14) answers EINVAL, and
       // the product then faults its pages in as before.
-      madvise(base, last - first, MADV_POPULATE_WRITE);
+      madvise(first, size_t(last - first), MADV_POPULATE_WRITE);
       return;
     }
 #else
