@@ -1513,8 +1513,10 @@ TEST(OpsOptimizer, AdamWSkipsAFlaggedStepAndWritesTheHalfCopy) {
 TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
   CpuBackend be;
   // Past two pages (1024 floats), the second never touched (zero gradient and moments,
-  // as a word embedding's unused rows): its moments are left alone, to the same bits.
+  // as a word embedding's unused rows): its moments are left alone, to the same bits, and
+  // without weight decay its parameters too.
   const int n = 3003;
+  for (const double wd : {0.01, 0.0})
   for (DType half_type : {DType::F32, DType::BF16, DType::F16}) {
     HostTensor p = random({n}, 3), g = random({n}, 4), m = random({n}, 5), v = random({n}, 6);
     for (int i = 0; i < n; ++i) v.f()[i] = std::abs(v.f()[i]);
@@ -1523,19 +1525,19 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
     const std::vector<float> p0(p.f(), p.f() + n), g0(g.f(), g.f() + n), m0(m.f(), m.f() + n), v0(v.f(), v.f() + n);
     std::vector<uint16_t> half(n, 0);
     const bool with_half = half_type != DType::F32;
-    AdamWSlice slice{p.t, g.t, m.t, v.t, 0.01, with_half ? Tensor{half.data(), half_type, {n}, Device::CPU} : Tensor{}};
+    AdamWSlice slice{p.t, g.t, m.t, v.t, wd, with_half ? Tensor{half.data(), half_type, {n}, Device::CPU} : Tensor{}};
     HostTensor coef = test::norm_coef(0.8f);
     const AdamWStep s{.lr = 1e-3, .weight_decay = 0.01, .step = 4};
     ops::adamw(be, &slice, 1, s, coef.t);
     const AdamWScalars k = adamw_scalars(s);
     for (int i = 0; i < n; ++i) {
       const float gi = g0[size_t(i)] * coef.f()[1];
-      float pi = p0[size_t(i)] * k.decay;
+      float pi = p0[size_t(i)] * (wd == 0 ? 1.0f : k.decay);
       const float mi = m0[size_t(i)] + k.w1 * (gi - m0[size_t(i)]);
       const float vi = v0[size_t(i)] * k.b2 + k.w2 * gi * gi;
       pi -= k.step_size * (mi / (std::sqrt(vi) / k.bias2_sqrt + k.eps));
       const auto bits = [](float x) { uint32_t b; std::memcpy(&b, &x, 4); return b; };
-      ASSERT_EQ(bits(p.f()[i]), bits(pi)) << dtype_name(half_type) << " " << i;
+      ASSERT_EQ(bits(p.f()[i]), bits(pi)) << dtype_name(half_type) << " weight decay " << wd << " " << i;
       ASSERT_EQ(bits(m.f()[i]), bits(mi)) << i;
       ASSERT_EQ(bits(v.f()[i]), bits(vi)) << i;
       if (half_type == DType::BF16) {
