@@ -1,5 +1,5 @@
 // The feed-forward block's up-projection with BERT's erf GELU in the epilogue, on Hopper
-// (hopper_gemm.h), where nothing keeps the product before the GELU (inference).
+// (hopper_gemm.h); it writes the product before the GELU too where training keeps it.
 // A persistent kernel, one CTA per SM, of a producer warp and two consumer warpgroups. The
 // producer streams 64-column slices of x's and w's 128-row tiles through TMA into a ring of
 // 128-byte-swizzled stages; each consumer warpgroup takes every other 128 x 128 tile of the
@@ -7,12 +7,12 @@
 // accumulators), then adds the bias, stages the pre-activations in shared memory rounded
 // to the dtype (as the unfused product writes them, so the GELU's inputs are the training
 // forward's), and applies the GELU as it stores whole rows. The consumers' main loops take
-// turns, so one's epilogue (erf on 16 Ki elements, the stores) runs during the other's
-// MMAs. Stored straight from the MMA fragments, each warp store wrote 16 bytes in each of
-// 8 rows, and the stores took longer than the MMAs.
-// Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.255 ms (539
-// TFLOP/s) against 0.289 for cuBLASLt's product and the GELU pass, the product alone 0.19.
-// What is left is the erf's: with the identity in its place the kernel takes 0.201 ms
+// turns, so one's epilogue (16 Ki GELUs, the stores) runs during the other's MMAs. Stored
+// straight from the MMA fragments, each warp store wrote 16 bytes in each of 8 rows, and
+// the stores took longer than the MMAs. In bf16 the GELU is a table lookup (below).
+// Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.242 ms (568
+// TFLOP/s), 0.25 writing pre too, against 0.289 for cuBLASLt's product and the GELU pass,
+// the product alone 0.188; with the identity in the GELU's place 0.201
 // (docs/design/fusions.md has what was tried).
 #include "cuda/hopper_gemm.h"
 
@@ -41,6 +41,13 @@ constexpr int kProductThreads = 128 * (kConsumers + 1);  // the consumer warpgro
 constexpr int kSliceBytes = kTileM * kSliceK * 2;        // one [128][64] half tile, x's or w's
 constexpr int kStagedRow = kTileN + 8;  // elements a staged output row takes: a warp's fragment
                                         // writes (8 rows, 4 lanes) fall in distinct banks
+// The GELU of a bf16 pre-activation is a function of its 16 bits. The kernel tabulates it
+// (computed with gelu() below, so the bits are the same) for magnitudes in [2^-24, 16) of
+// either sign, where nearly every input falls: 28 binades of 128 values. A lookup takes a
+// few instructions where erff takes about 30.
+constexpr uint32_t kGeluTableLow = 103u << 7;  // the bits of 2^-24
+constexpr uint32_t kGeluTableSpan = 28u << 7;  // up to the bits of 2^4
+constexpr int kGeluTableEntries = 2 * kGeluTableSpan;  // positive, then negative
 static_assert(kTileM == kTileN, "x's and w's tiles share one TMA box");
 static_assert(kTileN == 128, "each consumer thread reads one column's bias");
 
@@ -50,33 +57,52 @@ struct Smem {
   static constexpr size_t kStaged = size_t(kTileM) * kStagedRow * 2;
   static constexpr size_t kOut = kW + size_t(kStages) * kSliceBytes;  // [kConsumers][kStaged]
   static constexpr size_t kBias = kOut + kConsumers * kStaged;          // [kConsumers][kTileN] F32
-  static constexpr size_t kBars = kBias + size_t(kConsumers) * kTileN * 4;
+  static constexpr size_t kTable = kBias + size_t(kConsumers) * kTileN * 4;  // [kGeluTableEntries] bf16 bits
+  static constexpr size_t kBars = kTable + size_t(kGeluTableEntries) * 2;
   static constexpr size_t kBytes = kBars + 2 * kStages * 8 + 1024;  // + alignment slack
 };
 
 // BERT's GELU, as the separate pass computes it (elementwise.cu).
 __device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 
-// The GELU of eight staged pre-activations, packed as they are: independent elements side
-// by side, so that their erfs' dependent chains interleave.
+// The table's entry for bf16 bits u: its GELU's bits.
+__device__ __forceinline__ uint16_t gelu_table_entry(uint32_t e) {
+  const uint32_t u = (e < kGeluTableSpan ? 0u : 0x8000u) | (kGeluTableLow + e % kGeluTableSpan);
+  return uint16_t(pack<__nv_bfloat16>(gelu(__uint_as_float(u << 16)), 0.0f));
+}
+
+// The GELU of two pre-activations packed as T: bf16 from the table where both are in it.
 template <typename T>
-__device__ __forceinline__ int4 gelu8(int4 v) {
+__device__ __forceinline__ uint32_t gelu2(uint32_t w, const uint16_t* table) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t lo = (w & 0x7fffu) - kGeluTableLow, hi = ((w >> 16) & 0x7fffu) - kGeluTableLow;
+    if (lo < kGeluTableSpan && hi < kGeluTableSpan)
+      return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) |
+             uint32_t(table[hi + (w >> 31) * kGeluTableSpan]) << 16;
+  }
+  const float2 f = unpack<T>(w);
+  return pack<T>(gelu(f.x), gelu(f.y));
+}
+
+// The GELU of eight staged pre-activations, packed as they are: independent elements side
+// by side, so that their lookups (or erfs' dependent chains) interleave.
+template <typename T>
+__device__ __forceinline__ int4 gelu8(int4 v, const uint16_t* table) {
   uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = unpack<T>(w[i]);
-    w[i] = pack<T>(gelu(f.x), gelu(f.y));
-  }
+  for (int i = 0; i < 4; ++i) w[i] = gelu2<T>(w[i], table);
   return make_int4(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
 }
 
 // Writes the GELU of a staged [128][kStagedRow] tile of pre-activations (its first m - m0
-// rows) to out[m0.., n0..], 16 bytes a thread at a time, two pieces in flight; the
+// rows) to out[m0.., n0..], and the pre-activations to pre where it is not null, 16 bytes a
+// thread at a time, two pieces in flight; the
 // warpgroup's barrier `bar` brackets the staging. Here, after the accumulators are dead,
 // the erfs have the registers to run side by side, which the fragments' own epilogue
 // (128 accumulators live) did not leave them.
 template <typename T>
-__device__ __forceinline__ void write_staged_gelu(T* out, const T* staged, int m0, int n0, int m, int n, int bar) {
+__device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* staged, const uint16_t* table, int m0, int n0,
+                                                  int m, int n, int bar) {
   named_barrier(bar, 128);  // the fragments are staged
   constexpr int kPieces = kTileN / 8;
   const int rows = min(kTileM, m - m0), pieces = rows * kPieces;
@@ -85,9 +111,15 @@ __device__ __forceinline__ void write_staged_gelu(T* out, const T* staged, int m
     const int4 a = *reinterpret_cast<const int4*>(staged + (c / kPieces) * kStagedRow + c % kPieces * 8);
     const int4 b = c2 < pieces ? *reinterpret_cast<const int4*>(staged + (c2 / kPieces) * kStagedRow + c2 % kPieces * 8)
                                : make_int4(0, 0, 0, 0);
-    const int4 ga = gelu8<T>(a), gb = gelu8<T>(b);
-    *reinterpret_cast<int4*>(out + int64_t(m0 + c / kPieces) * n + n0 + c % kPieces * 8) = ga;
-    if (c2 < pieces) *reinterpret_cast<int4*>(out + int64_t(m0 + c2 / kPieces) * n + n0 + c2 % kPieces * 8) = gb;
+    const int4 ga = gelu8<T>(a, table), gb = gelu8<T>(b, table);
+    const int64_t at = int64_t(m0 + c / kPieces) * n + n0 + c % kPieces * 8;
+    const int64_t at2 = int64_t(m0 + c2 / kPieces) * n + n0 + c2 % kPieces * 8;
+    *reinterpret_cast<int4*>(out + at) = ga;
+    if (c2 < pieces) *reinterpret_cast<int4*>(out + at2) = gb;
+    if (pre) {
+      *reinterpret_cast<int4*>(pre + at) = a;
+      if (c2 < pieces) *reinterpret_cast<int4*>(pre + at2) = b;
+    }
   }
   named_barrier(bar, 128);  // the staging buffer is free again
 }
@@ -95,7 +127,7 @@ __device__ __forceinline__ void write_staged_gelu(T* out, const T* staged, int m
 template <typename T>
 __global__ void __launch_bounds__(kProductThreads, 1)
     gelu_product_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                        const T* __restrict__ bias, T* __restrict__ y, int m, int n, int k) {
+                        const T* __restrict__ bias, T* __restrict__ y, T* __restrict__ pre, int m, int n, int k) {
 #ifdef HONE_HOPPER_IMAGE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
@@ -132,6 +164,11 @@ __global__ void __launch_bounds__(kProductThreads, 1)
   }
 
   registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
+  uint16_t* table = reinterpret_cast<uint16_t*>(smem + Smem::kTable);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // while the producer's first loads land
+    for (int e = threadIdx.x; e < kGeluTableEntries; e += 128 * kConsumers) table[e] = gelu_table_entry(e);
+    named_barrier(5, 128 * kConsumers);
+  }
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   T* staged = reinterpret_cast<T*>(smem + Smem::kOut + wg * Smem::kStaged);
   float* tile_bias = reinterpret_cast<float*>(smem + Smem::kBias) + wg * kTileN;
@@ -189,7 +226,7 @@ __global__ void __launch_bounds__(kProductThreads, 1)
               pack<T>(acc[h][4 * nt + 2 * r] + b.x, acc[h][4 * nt + 2 * r + 1] + b.y);
         }
     }
-    write_staged_gelu(y, staged, m0, n0, m, n, 1 + wg);
+    write_staged_gelu(y, pre, staged, table, m0, n0, m, n, 1 + wg);
   }
 #else
   __trap();  // picked only where hopper_kernels_present() says this image has the body
@@ -197,8 +234,8 @@ __global__ void __launch_bounds__(kProductThreads, 1)
 }
 
 template <typename T>
-void launch(cudaStream_t stream, const void* x, const void* w, const void* b, void* y, int64_t m, int64_t n,
-            int64_t k, int sms) {
+void launch(cudaStream_t stream, const void* x, const void* w, const void* b, void* y, void* pre, int64_t m,
+            int64_t n, int64_t k, int sms) {
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
     HONE_CUDA_CHECK(cudaFuncSetAttribute(gelu_product_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(Smem::kBytes)));
@@ -210,7 +247,7 @@ void launch(cudaStream_t stream, const void* x, const void* w, const void* b, vo
   const CUtensorMap w_map = flash::hopper_tile_map(w, bf16, n, k, kTileN);
   const int64_t tiles = n / kTileN * ((m + kTileM - 1) / kTileM);
   gelu_product_kernel<T><<<unsigned(std::min<int64_t>(tiles, sms)), kProductThreads, Smem::kBytes, stream>>>(
-      x_map, w_map, static_cast<const T*>(b), static_cast<T*>(y), int(m), int(n), int(k));
+      x_map, w_map, static_cast<const T*>(b), static_cast<T*>(y), static_cast<T*>(pre), int(m), int(n), int(k));
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -237,14 +274,14 @@ bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, int sms,
 }
 
 void hopper_gelu_product(cudaStream_t stream, int sms, DType t, const void* x, const void* w, const void* b,
-                         void* y, int64_t m, int64_t n, int64_t k) {
+                         void* y, void* pre, int64_t m, int64_t n, int64_t k) {
   if (m == 0) return;
   if (m > std::numeric_limits<int>::max() - kTileM || n / kTileN * ((m + kTileM - 1) / kTileM) >= (int64_t(1) << 31))
     fail("the GELU product: [{}, {}] is more than its 32-bit indices count", m, n);
   if (t == DType::BF16)
-    launch<__nv_bfloat16>(stream, x, w, b, y, m, n, k, sms);
+    launch<__nv_bfloat16>(stream, x, w, b, y, pre, m, n, k, sms);
   else
-    launch<__half>(stream, x, w, b, y, m, n, k, sms);
+    launch<__half>(stream, x, w, b, y, pre, m, n, k, sms);
 }
 
 }  // namespace hone::cuda

@@ -297,10 +297,10 @@ void CudaBackend::linear_activation_forward(Activation a, const Tensor& x, const
                                             Tensor& pre, Tensor& y) {
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
   const void* bias = b ? b->data : nullptr;
+  if (a == Activation::Gelu &&
+      cuda::hopper_gelu_product_runs(x.dtype, m, n, k, sms_, {x.data, w.data, bias, y.data, pre.data}))
+    return cuda::hopper_gelu_product(stream_, sms_, x.dtype, x.data, w.data, bias, y.data, pre.data, m, n, k);
   if (!pre.data) {  // not kept (inference)
-    if (a == Activation::Gelu &&
-        cuda::hopper_gelu_product_runs(x.dtype, m, n, k, sms_, {x.data, w.data, bias, y.data}))
-      return cuda::hopper_gelu_product(stream_, sms_, x.dtype, x.data, w.data, bias, y.data, m, n, k);
     if (m > 0 && a == Activation::GeluTanh) {  // cuBLASLt's GELU_BIAS, no aux
       LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, bias};
       g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);

@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/hopper_gemm.h"
 #include "hone/cpu_backend.h"
@@ -140,9 +142,9 @@ TEST_F(GpuLinearActivation, MatchesTheUnfusedCpuOpsInEveryDtype) {
 // values" in many elements (H200: 36% and 26%), and the erf GELU's run unfused in few:
 // those where 1 + erf(x) cancels (x below about -3) and the GPU's erff and the CPU's
 // std::erf, a few F32 ulps apart there, round to neighbouring bf16 values (1.5% and 0.4%).
-// The erf GELU's forward runs in hone's Hopper product where it runs and nothing keeps pre
-// (inference); that epilogue rounds the pre-activation to bf16 before the GELU, as the
-// unfused ops do, so it matches them in all but a few elements too.
+// The erf GELU's forward runs in hone's Hopper product where it runs, pre kept or not; that
+// epilogue rounds the pre-activation to bf16 before the GELU, as the unfused ops do, so it
+// matches them in all but a few elements too.
 TEST_F(GpuLinearActivation, TheGeluEpiloguesRunWhereTheyShould) {
   Backend& g = gpu();
   const DType t = DType::BF16;
@@ -201,9 +203,55 @@ TEST_F(GpuLinearActivation, TheGeluEpiloguesRunWhereTheyShould) {
   }
 }
 
+// Where the products' sums are exact (inputs on coarse grids, K = 64), the Hopper product's
+// pre-activations are cuBLASLt's to the bit, so its GELU (a table of the bf16 values for
+// magnitudes in [2^-24, 16), erff for the rest) must equal the GPU's GELU pass on them bit
+// for bit, signs of zeros included, with pre written (training) or not (inference). The
+// bias spreads the pre-activations past +-16 and the rows end in a part tile.
+TEST_F(GpuLinearActivation, TheHopperGeluProductIsTheGeluPassBitForBit) {
+  Backend& g = gpu();
+  const int64_t M = 2200, K = 64, N = 2048;  // 18 x 16 tiles, the last row of tiles 24 rows
+  if (!cuda::hopper_gelu_product_runs(DType::BF16, M, N, K, multiprocessors(), {}))
+    GTEST_SKIP() << "hone's Hopper GELU product does not run here (needs sm_90a machine code and an SM 9.0 GPU)";
+  auto grid = [](HostTensor h, float step) {
+    for (int64_t i = 0; i < h.n(); ++i) h.f()[i] = std::round(h.f()[i] / step) * step;
+    return h;
+  };
+  // Products are multiples of 2^-5 and at most 1, so fp32 sums of 64 are exact in any order.
+  HostTensor x = grid(random({M, K}, 11, -1.0f, 1.0f), 0.25f), w = grid(random({N, K}, 12, -1.0f, 1.0f), 0.125f);
+  HostTensor b = grid(random({N}, 13, -14.0f, 14.0f), 0.5f);
+  DeviceTensor gx(g, DType::BF16, x), gw(g, DType::BF16, w), gb(g, DType::BF16, b);
+  DeviceTensor pre(g, DType::BF16, Shape{M, N}), unfused(g, DType::BF16, Shape{M, N}), fused(g, DType::BF16, Shape{M, N});
+  ops::linear_forward(g, gx.t, gw.t, &gb.t, pre.t);
+  g.activation_forward(Activation::Gelu, pre.t, unfused.t);
+  Tensor no_pre;
+  ops::linear_activation_forward(g, Activation::Gelu, gx.t, gw.t, &gb.t, no_pre, fused.t);
+  // Training keeps pre for backward: the same kernel writes it too.
+  DeviceTensor kept_pre(g, DType::BF16, Shape{M, N}), kept_y(g, DType::BF16, Shape{M, N});
+  ops::linear_activation_forward(g, Activation::Gelu, gx.t, gw.t, &gb.t, kept_pre.t, kept_y.t);
+  auto bits = [&](const DeviceTensor& d) {
+    std::vector<uint16_t> v(size_t(M * N));
+    d.download_bytes(v.data());
+    return v;
+  };
+  auto differing = [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    int64_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+    return n;
+  };
+  const std::vector<uint16_t> want = bits(unfused);
+  EXPECT_EQ(differing(bits(fused), want), 0) << "GELUs without pre, of " << want.size();
+  EXPECT_EQ(differing(bits(kept_y), want), 0) << "GELUs keeping pre, of " << want.size();
+  EXPECT_EQ(differing(bits(kept_pre), bits(pre)), 0) << "pre-activations, of " << want.size();
+  const std::vector<float> p = pre.download();
+  const int64_t outside = std::count_if(p.begin(), p.end(), [](float v) { return !(std::fabs(v) >= 0x1p-24f && std::fabs(v) < 16.0f); });
+  EXPECT_GT(outside, int64_t(p.size()) / 100) << "too few pre-activations outside the table to test the erff path";
+}
+
 // bert-large's feed-forward up-projection with the erf GELU at 16384 tokens, bf16, in
-// TFLOP/s: the op keeping pre (training: cuBLASLt's product, then the GELU pass) and without
-// it (inference: the Hopper product where it runs), and the product alone for the scale.
+// TFLOP/s: the op keeping pre (training) and without it (inference), each the Hopper
+// product where it runs (else cuBLASLt's product, then the GELU pass), and the product
+// alone for the scale.
 // Printed, never asserted.
 TEST_F(GpuLinearActivation, GeluProductSpeed) {
   Backend& g = gpu();
