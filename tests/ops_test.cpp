@@ -1001,6 +1001,24 @@ TEST(OpsElementwise, DropoutOfZeroIsIdentity) {
             "dropout: y has shape [3, 3], expected [9] (the shape of x)");
 }
 
+// The bytes a profiled op counts: what memory serves it, which the roofline divides by.
+double profiled_bytes(Backend& be, const std::function<void()>& op) {
+  OpProfiler profiler(be);
+  profiler.start();
+  op();
+  const Profile p = profiler.finish();
+  EXPECT_EQ(p.ops.size(), 1u);
+  return p.ops.empty() ? -1 : p.ops[0].cost.bytes;
+}
+
+TEST(OpsElementwise, DropoutInPlaceWithoutDroppingCountsNoBytes) {
+  CpuBackend be;
+  HostTensor x = random({64}, 1), y = filled({64}, 0.0f);
+  EXPECT_EQ(profiled_bytes(be, [&] { ops::dropout(be, x.t, {}, x.t); }), 0.0);  // evaluation: nothing moves
+  EXPECT_EQ(profiled_bytes(be, [&] { ops::dropout(be, x.t, {}, y.t); }), 2 * 64 * 4.0);
+  EXPECT_EQ(profiled_bytes(be, [&] { ops::dropout(be, x.t, {0.1f, 1}, x.t); }), 2 * 64 * 4.0);
+}
+
 // ---------------------------------------------------------------------------- embedding
 
 struct EmbeddingCase {
@@ -1010,6 +1028,18 @@ struct EmbeddingCase {
   HostTensor word = random({7, 4}, 1), pos = random({5, 4}, 2), type = random({2, 4}, 3);
   HostTensor out{DType::F32, {6, 4}};
 };
+
+// A token reads its word row; the position and type tables' rows, shared by every sequence,
+// count once each (at most the table, at most one a token).
+TEST(OpsEmbedding, ForwardCountsSharedTableRowsOnce) {
+  CpuBackend be;
+  EmbeddingCase c;
+  const double ids = 2 * 6 * 4, out = 6 * 4 * 4, row = 4 * 4;
+  EXPECT_EQ(profiled_bytes(be, [&] {
+              ops::embedding_forward(be, c.ids.t, c.types.t, Tensor{}, c.word.t, c.pos.t, c.type.t, c.kSeq, c.out.t);
+            }),
+            ids + out + (6 + 5 + 2) * row);
+}
 
 TEST(OpsEmbedding, ForwardSumsThreeTables) {
   CpuBackend be;

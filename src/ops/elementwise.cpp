@@ -95,7 +95,9 @@ void dropout(Backend& be, const Tensor& x, const DropoutSpec& d, Tensor& y) {
   detail::expect_compute(be, "dropout", "x", x);
   check_same("dropout", "y", y, "x", x);
   if (be.dry_run) return;
-  detail::OpScope scope(be, "dropout", OpClass::Elementwise, {0, detail::bytes(x, y)});
+  // Without dropping, in place (evaluation, inference) it moves nothing.
+  const bool moves = d.p > 0.0f || x.data != y.data;
+  detail::OpScope scope(be, "dropout", OpClass::Elementwise, {0, moves ? detail::bytes(x, y) : 0.0});
   be.dropout(x, d, y);
 }
 
