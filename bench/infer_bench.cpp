@@ -88,11 +88,18 @@ void bench(const std::string& precision, const ModelConfig& c, const std::vector
   std::fflush(stdout);
   if (!profile) return;
   const Roofline roof = measure_roofline(*be, compute_dtype(a), precision);
+  // Ops replayed from a CUDA graph pass no events: the profile runs a second, eager copy
+  // (for small batches its times are then launches' rather than a replay's).
+  TrainingArguments eager_args = a;
+  eager_args.cuda_graphs = false;
+  TrainingRun eager(eager_args, c, s.seq, *be, GradientMemory::Persistent, RunPhases{false, s.batch});
+  eager.write_weights(weights.data());
+  eager.infer(batch, ForwardOutputs{logits.data()});
   OpProfiler profiler(*be);
   profiler.start();
   for (int i = 0; i < 5; ++i) {
     if (i > 0) profiler.next_step();
-    run.infer(batch, ForwardOutputs{logits.data()});
+    eager.infer(batch, ForwardOutputs{logits.data()});
   }
   const ProfileContext ctx{fmt::format("bert-large-uncased inference, {} x {}{}, {}", s.batch, s.seq,
                                        s.varlen ? " varlen" : "", precision),
