@@ -11,6 +11,7 @@
 #include "hone/cuda.h"
 #include "hone/safetensors.h"
 #include "hone/weights.h"
+#include "ops/cpu_bf16_products.h"
 #include "test_util.h"
 
 namespace hone {
@@ -145,11 +146,23 @@ TEST(Cli, ConfigNameReplacesTheModelsConfiguration) {
   EXPECT_TRUE(has(missing.out, "--config_name " + tmp.path + "/nothing: no such file or directory")) << missing.out;
 }
 
-TEST(Cli, MixedPrecisionNeedsAGpuToTrain) {
-  if (cuda_available(nullptr)) GTEST_SKIP() << "a GPU is present: the CPU refusal is not reachable with --device auto";
-  Result r = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --bf16 --output_dir /tmp/unused");
-  EXPECT_NE(r.code, 0);
-  EXPECT_TRUE(has(r.out, "--bf16 needs a CUDA GPU")) << r.out;
+// On the CPU, --fp16 is refused; --bf16 rounds the products' operands where the build has
+// oneDNN and is refused, naming it, where it has not.
+TEST(Cli, CpuHalfPrecisionIsBf16ProductsOrAClearRefusal) {
+  test::TempDir tmp;
+  Result fp16 = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --device cpu --fp16 --output_dir " +
+                     tmp.path + "/fp16");
+  EXPECT_NE(fp16.code, 0);
+  EXPECT_TRUE(has(fp16.out, "--fp16 needs a CUDA GPU")) << fp16.out;
+  Result bf16 = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --device cpu --bf16 "
+                     "--save_strategy no --output_dir " + tmp.path + "/bf16");
+  if (std::string why; !cpu_bf16::available(&why)) {
+    EXPECT_NE(bf16.code, 0);
+    EXPECT_TRUE(has(bf16.out, "--bf16 on the CPU: " + why)) << bf16.out;
+    return;
+  }
+  EXPECT_EQ(bf16.code, 0) << bf16.out;
+  EXPECT_TRUE(has(bf16.out, "bf16 products, fp32 otherwise")) << bf16.out;
 }
 
 TEST(Cli, BadInputIsAClearErrorAndANonZeroExit) {

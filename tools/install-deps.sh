@@ -3,7 +3,7 @@
 # CUDA, when present, comes from the toolkit in /usr/local/cuda, not from here.
 set -euo pipefail
 packages=(cmake ninja-build g++ make pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libgtest-dev
-          libopenblas-dev libutf8proc-dev libopenmpi-dev openmpi-bin libcpp-httplib-dev)
+          libopenblas-dev libutf8proc-dev libopenmpi-dev openmpi-bin libcpp-httplib-dev libdnnl-dev)
 if ! command -v dpkg-query >/dev/null; then
   echo "install-deps: no dpkg here; install these yourself: ${packages[*]}" >&2
   exit 0

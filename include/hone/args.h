@@ -12,6 +12,7 @@
 namespace hone {
 
 struct DeepSpeedConfig;
+class Backend;
 
 struct TrainingArguments {
   // model and data
@@ -123,6 +124,9 @@ void apply_deepspeed(TrainingArguments& a);
 // F32, or BF16 / F16 under --bf16 / --fp16: the dtype of activations and of the weights
 // the model reads.
 DType compute_dtype(const TrainingArguments& a);
+// The same on backend be: F32 where be rounds the products' operands alone (the CPU's
+// --bf16). A plan-only CPU backend (hone estimate) plans the GPU's layout.
+DType compute_dtype(const TrainingArguments& a, const Backend& be);
 
 // Every argument by its flag name, as training_args.json holds them.
 nlohmann::ordered_json to_json(const TrainingArguments& a);

@@ -195,6 +195,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
+  // Whether the tensors stay F32 under --bf16 and the products round their operands to
+  // bf16 instead (the CPU's bf16, cpu_bf16_products.h).
+  virtual bool bf16_products() const { return false; }
 
   // While set, the ops.h wrappers check shapes and return without computing: the
   // memory planner runs the real training code this way.

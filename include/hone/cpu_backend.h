@@ -13,7 +13,10 @@ class CpuBackend final : public Backend {
  public:
   // Makes BLAS single-threaded: the ops split work across OpenMP threads themselves, and
   // two thread pools spinning on the same cores slow each other down several-fold.
-  CpuBackend();
+  // bf16_products (`--bf16` on the CPU): the linear layers' products take bf16 operands
+  // with F32 sums and results (cpu_bf16_products.h); everything else stays F32.
+  explicit CpuBackend(bool bf16_products = false);
+  bool bf16_products() const override { return bf16_products_; }
   Device device() const override { return Device::CPU; }
   std::string name() const override { return "cpu"; }
   void* allocate(size_t bytes) override;
@@ -93,6 +96,9 @@ class CpuBackend final : public Backend {
   int64_t adafactor_workspace_elems(int64_t rows, int64_t cols) const override;
   void optim_8bit(Optim8bitAlgo algo, const Optim8bitSlice* slices, int count, const Tensor& scalars,
                   const Tensor& qmaps, const Tensor& norm_coef) override;
+
+ private:
+  bool bf16_products_;
 };
 
 }  // namespace hone

@@ -42,7 +42,7 @@ int profile_command(const TrainingArguments& requested, const ProfileOptions& o)
   Backend& be = *backend;
   const std::unique_ptr<Communicator> comm = make_communicator(be, pg);
   // Before the run's memory exists: the measurement takes buffers of its own.
-  const Roofline roof = measure_roofline(be, compute_dtype(a), precision_name(a));
+  const Roofline roof = measure_roofline(be, compute_dtype(a, be), precision_name(a));
   TrainingRun run(a, cfg, in.seq_len, be, gradient_memory_for(a), RunPhases{true, 0}, sharding_for(a, pg));
   run.distribute(*comm);
   // An op takes as long whatever the values: random weights serve as well as trained ones.

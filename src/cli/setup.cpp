@@ -9,6 +9,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
+#include "ops/cpu_bf16_products.h"
 
 namespace hone::cli {
 
@@ -21,10 +22,17 @@ std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only
     return make_cuda_backend({device, a.tf32});
   }
   if (a.tf32) fmt::print("notice: --tf32 affects CUDA matrix products only; the CPU backend computes in fp32\n");
-  if ((a.bf16 || a.fp16) && !plan_only)
-    fail("--{} needs a CUDA GPU{}: the CPU backend computes in fp32 (leave the flag out to train on the CPU)",
-         a.bf16 ? "bf16" : "fp16", why.empty() ? "" : " (" + why + ")");
-  return std::make_unique<CpuBackend>();
+  if (a.fp16 && !plan_only)
+    fail("--fp16 needs a CUDA GPU{}: on the CPU --bf16 rounds the products' operands, or leave the flag out for fp32",
+         why.empty() ? "" : " (" + why + ")");
+  // A plan alone (hone estimate) on the CPU is the GPU's plan for these flags.
+  if (!a.bf16 || plan_only) return std::make_unique<CpuBackend>();
+  // The products' operands in bf16, everything else fp32, as on the GPU's tensor cores.
+  if (std::string no_dnnl; !cpu_bf16::available(&no_dnnl)) fail("--bf16 on the CPU: {}", no_dnnl);
+  if (!cpu_bf16::has_amx())
+    fmt::print("notice: --bf16 on a CPU without AMX: its bf16 products may run slower than fp32 "
+               "(they did on an AVX512-BF16 Xeon)\n");
+  return std::make_unique<CpuBackend>(true);
 }
 
 std::string precision_name(const TrainingArguments& a) {

@@ -188,7 +188,8 @@ int train_command(const TrainingArguments& requested) {
   const std::string where = be.device() == Device::CUDA
                                 ? fmt::format("{}, {}{}", be.name(), precision_name(a),
                                               a.bf16 || a.fp16 ? " mixed precision (fp32 master weights)" : "")
-                                : fmt::format("{} ({} threads)", be.name(), omp_get_max_threads());
+                                : fmt::format("{} ({} threads{})", be.name(), omp_get_max_threads(),
+                                              a.bf16 ? ", bf16 products, fp32 otherwise" : "");
   fmt::print("  data: {}\n", in.train->description());
   if (in.eval) fmt::print("  evaluation: {}\n", in.eval->description());
   if (!in.labels.regression && in.tokenizer) fmt::print("  labels: {}\n", fmt::join(in.labels.names, ", "));

@@ -7,6 +7,7 @@
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
 #include "ops/cpu_activation.h"
+#include "ops/cpu_bf16_products.h"
 #include "ops/cpu_pages.h"
 #include "ops/op_util.h"
 
@@ -126,6 +127,11 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
   float* yp = y.f32();
   const float* xp = x.f32();
   const float* bp = b ? b->f32() : nullptr;
+  if (bf16_products_) {  // one product, which oneDNN spreads over the threads itself
+    if (bp)
+      for (int i = 0; i < m; ++i) std::copy(bp, bp + n, yp + int64_t(i) * n);
+    return cpu_bf16::product(false, true, m, n, k, xp, k, w.f32(), k, bp != nullptr, yp, n);
+  }
   split_rows(m, [&](int lo, int hi) {
     // Start from the bias in every row and let the product add to it.
     if (bp)
@@ -157,8 +163,9 @@ void add_column_sums(const Tensor& dy, Tensor& db) {
 }
 
 // dx = dy w (plus dx when accumulating).
-void input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate) {
+void input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, bool accumulate, bool bf16) {
   const int m = int(dy.shape[0]), k = int(w.shape[1]), n = int(w.shape[0]);
+  if (bf16) return cpu_bf16::product(false, false, m, k, n, dy.f32(), n, w.f32(), k, accumulate, dx.f32(), k);
   split_rows(m, [&](int lo, int hi) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, k, n, 1.0f, dy.f32() + int64_t(lo) * n, n,
                 w.f32(), k, accumulate ? 1.0f : 0.0f, dx.f32() + int64_t(lo) * k, k);
@@ -171,13 +178,17 @@ void CpuBackend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor
                                  Tensor& dw, Tensor* db) {
   const int m = int(x.shape[0]), k = int(x.shape[1]), n = int(w.shape[0]);
   const float* dyp = dy.f32();
-  if (dx) input_grad(dy, w, *dx, accumulate_dx);
+  if (dx) input_grad(dy, w, *dx, accumulate_dx, bf16_products_);
   cpu_pages::claim_for_write(dw.data, dw.bytes());  // the product adds to dw: it reads before writing
-  // dw rows [lo, hi) take columns [lo, hi) of dy.
-  split_rows(n, [&](int lo, int hi) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, k, m, 1.0f, dyp + lo, n, x.f32(), k, 1.0f,
-                dw.f32() + int64_t(lo) * k, k);
-  });
+  if (bf16_products_) {
+    cpu_bf16::product(true, false, n, k, m, dyp, n, x.f32(), k, true, dw.f32(), k);
+  } else {
+    // dw rows [lo, hi) take columns [lo, hi) of dy.
+    split_rows(n, [&](int lo, int hi) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, k, m, 1.0f, dyp + lo, n, x.f32(), k, 1.0f,
+                  dw.f32() + int64_t(lo) * k, k);
+    });
+  }
   if (db) add_column_sums(dy, *db);
 }
 
@@ -196,7 +207,7 @@ void CpuBackend::linear_activation_forward(Activation a, const Tensor& x, const 
 // needs, and act'(pre) from one erf per element rather than two.
 void CpuBackend::activation_linear_backward(Activation a, const Tensor& dy, const Tensor& pre, const Tensor& w,
                                             Tensor& y, Tensor& dpre, Tensor& dw, Tensor* db, Tensor* db_pre) {
-  input_grad(dy, w, dpre, false);
+  input_grad(dy, w, dpre, false, bf16_products_);
   activation_with_grad(a, pre, y, dpre);
   if (db_pre) add_column_sums(dpre, *db_pre);
   linear_backward(dy, y, w, nullptr, false, dw, db);

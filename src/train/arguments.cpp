@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "hone/backend.h"
 #include "hone/deepspeed.h"
 #include "hone/error.h"
 #include "hone/optimizer.h"
@@ -127,7 +128,9 @@ void add_training_arguments(CLI::App& app, TrainingArguments& a) {
   add_bool(app, "logging_first_step", a.logging_first_step, "Also log the first step");
   add_bool(app, "disable_tqdm", a.disable_tqdm, "No progress bar");
   add_bool(app, "tf32", a.tf32, "TF32 tensor cores for fp32 matrix products (CUDA)");
-  add_bool(app, "bf16", a.bf16, "bf16 mixed precision (CUDA): fp32 master weights, bf16 products and activations");
+  add_bool(app, "bf16", a.bf16,
+           "bf16 mixed precision: on CUDA fp32 master weights, bf16 products and activations; on the CPU bf16 "
+           "products (oneDNN, AMX), fp32 otherwise");
   add_bool(app, "fp16", a.fp16, "fp16 mixed precision (CUDA) with dynamic loss scaling");
   add_bool(app, "gradient_checkpointing", a.gradient_checkpointing,
            "Keep only part of each encoder layer's activations and recompute the rest during backward: the same "
@@ -272,6 +275,10 @@ void validate(const TrainingArguments& a) {
 }
 
 DType compute_dtype(const TrainingArguments& a) { return a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32; }
+
+DType compute_dtype(const TrainingArguments& a, const Backend& be) {
+  return be.bf16_products() ? DType::F32 : compute_dtype(a);
+}
 
 std::string best_metric_key(const TrainingArguments& a) {
   std::string m = a.metric_for_best_model.empty() ? "loss" : a.metric_for_best_model;

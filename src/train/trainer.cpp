@@ -104,7 +104,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
   if (packs_training_) packing_batch_ = a.per_device_train_batch_size;
   if (phases_.infer_batch > 0) {
     const AttentionDims widest{phases_.infer_batch, seq_len, c.num_attention_heads, c.head_dim(), 1.0f};
-    packs_ = be_.packs_attention(widest, compute_dtype(a));
+    packs_ = be_.packs_attention(widest, compute_dtype(a, be_));
     if (packs_) packing_batch_ = std::max(packing_batch_, phases_.infer_batch);
   }
   if (sharding_.world_size > 1 && phases_.train) plan_ranks();
@@ -126,7 +126,7 @@ TrainingRun::TrainingRun(const TrainingArguments& a, const ModelConfig& c, int s
   setup(*mem_);
   mem_->end_phase();
   if (phases_.infer_batch > 0 && be_.can_record()) {
-    infer_logits_host_ = Tensor{nullptr, compute_dtype(a), {phases_.infer_batch, c.num_labels}, Device::CPU};
+    infer_logits_host_ = Tensor{nullptr, compute_dtype(a, be_), {phases_.infer_batch, c.num_labels}, Device::CPU};
     infer_logits_host_.data = be_.allocate_host(infer_logits_host_.bytes());
   }
   if (packing_batch_ > 0 && !be_.dry_run) {
@@ -213,7 +213,7 @@ void TrainingRun::setup(BufferSource& mem) {
     persistent = shards_grads() ? SequenceClassifier::GroupRange{bounds_[size_t(sharding_.rank)],
                                                                             bounds_[size_t(sharding_.rank) + 1]}
                                 : SequenceClassifier::GroupRange{0, model_->num_groups()};
-  model_->bind_parameters(mem, persistent, compute_dtype(args_),
+  model_->bind_parameters(mem, persistent, compute_dtype(args_, be_),
                           offload_ ? Category::HostMasterWeights : Category::MasterWeights,
                           phases_.train && !master_sharded_);
   // Sharded runs keep every parameter's half copy (rank_range): no rank holds all the master
@@ -375,7 +375,7 @@ void TrainingRun::plan_ranks() {
     shard_grads_.reserve(shard_layout_->groups().size());
     // Forward reads the half copy alone, so the fp32 master weights shard with the
     // optimizer state (as DeepSpeed's stage 1 does); an fp32 run's weights are what forward reads.
-    master_sharded_ = compute_dtype(args_) != DType::F32;
+    master_sharded_ = compute_dtype(args_, be_) != DType::F32;
   }
   // Stage 2: another owner's group is released once the next group is done (its embeddings,
   // the last, at once): its reduce ran beside that group's backward, and the compute stream
