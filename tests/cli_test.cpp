@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "hone/cpu_backend.h"
 #include "hone/cuda.h"
 #include "hone/safetensors.h"
 #include "hone/weights.h"
-#include "ops/cpu_bf16_products.h"
 #include "test_util.h"
 
 namespace hone {
@@ -156,7 +156,7 @@ TEST(Cli, CpuHalfPrecisionIsBf16ProductsOrAClearRefusal) {
   EXPECT_TRUE(has(fp16.out, "--fp16 needs a CUDA GPU")) << fp16.out;
   Result bf16 = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --device cpu --bf16 "
                      "--save_strategy no --output_dir " + tmp.path + "/bf16");
-  if (std::string why; !cpu_bf16::available(&why)) {
+  if (std::string why; !cpu_bf16_products_available(&why)) {
     EXPECT_NE(bf16.code, 0);
     EXPECT_TRUE(has(bf16.out, "--bf16 on the CPU: " + why)) << bf16.out;
     return;

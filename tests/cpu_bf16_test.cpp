@@ -20,7 +20,7 @@ using test::HostTensor;
 using test::random;
 
 #define SKIP_WITHOUT_ONEDNN()                                         \
-  if (std::string why; !cpu_bf16::available(&why)) GTEST_SKIP() << why
+  if (std::string why; !cpu_bf16_products_available(&why)) GTEST_SKIP() << why
 
 TEST(CpuBf16, RoundsToNearestEven) {
   EXPECT_EQ(cpu_bf16::round_to_bf16(1.0f + 0x1p-8f), 1.0f);  // halfway: to the even neighbour

@@ -1,5 +1,7 @@
 #pragma once
 // The fp32 reference backend: BLAS for matrix products, OpenMP for the rest.
+#include <string>
+
 #include "hone/backend.h"
 
 namespace hone {
@@ -8,6 +10,11 @@ namespace hone {
 // every CpuBackend calls it before its first product. blas_kernels() names those in use.
 void select_blas_kernels();
 const char* blas_kernels();
+
+// Whether this build can run the CPU's bf16 products (it has oneDNN); `why` says what is
+// missing otherwise. cpu_has_amx: whether the CPU has AMX-BF16 tiles, where they beat F32.
+bool cpu_bf16_products_available(std::string* why);
+bool cpu_has_amx();
 
 class CpuBackend final : public Backend {
  public:

@@ -9,7 +9,6 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
-#include "ops/cpu_bf16_products.h"
 
 namespace hone::cli {
 
@@ -28,8 +27,8 @@ std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only
   // A plan alone (hone estimate) on the CPU is the GPU's plan for these flags.
   if (!a.bf16 || plan_only) return std::make_unique<CpuBackend>();
   // The products' operands in bf16, everything else fp32, as on the GPU's tensor cores.
-  if (std::string no_dnnl; !cpu_bf16::available(&no_dnnl)) fail("--bf16 on the CPU: {}", no_dnnl);
-  if (!cpu_bf16::has_amx())
+  if (std::string no_dnnl; !cpu_bf16_products_available(&no_dnnl)) fail("--bf16 on the CPU: {}", no_dnnl);
+  if (!cpu_has_amx())
     fmt::print("notice: --bf16 on a CPU without AMX: its bf16 products may run slower than fp32 "
                "(they did on an AVX512-BF16 Xeon)\n");
   return std::make_unique<CpuBackend>(true);

@@ -6,13 +6,37 @@
 #include <tuple>
 #include <vector>
 
+#include "hone/cpu_backend.h"
 #include "hone/error.h"
 
 #ifdef HONE_HAVE_ONEDNN
 #include <dnnl.hpp>
 #endif
 
-namespace hone::cpu_bf16 {
+namespace hone {
+
+bool cpu_has_amx() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned a, b, c, d;
+  // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
+  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  return (d >> 22 & 1u) && (d >> 24 & 1u);
+#else
+  return false;
+#endif
+}
+
+bool cpu_bf16_products_available(std::string* why) {
+#ifdef HONE_HAVE_ONEDNN
+  (void)why;
+  return true;
+#else
+  if (why) *why = "this build of hone has no oneDNN (install libdnnl-dev and rebuild)";
+  return false;
+#endif
+}
+
+namespace cpu_bf16 {
 
 namespace {
 
@@ -32,21 +56,7 @@ float round_to_bf16(float x) {
   return r;
 }
 
-bool has_amx() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  __builtin_cpu_init();
-  unsigned a, b, c, d;
-  // CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
-  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-  return (d >> 22 & 1u) && (d >> 24 & 1u);
-#else
-  return false;
-#endif
-}
-
 #ifdef HONE_HAVE_ONEDNN
-
-bool available(std::string*) { return true; }
 
 namespace {
 
@@ -131,15 +141,11 @@ void product(bool ta, bool tb, int m, int n, int k, const float* a, int lda, con
 
 #else
 
-bool available(std::string* why) {
-  if (why) *why = "this build of hone has no oneDNN (install libdnnl-dev and rebuild)";
-  return false;
-}
-
 void product(bool, bool, int, int, int, const float*, int, const float*, int, bool, float*, int) {
   fail("bf16 products on the CPU need oneDNN, which this build of hone does not have");
 }
 
 #endif
 
-}  // namespace hone::cpu_bf16
+}  // namespace cpu_bf16
+}  // namespace hone

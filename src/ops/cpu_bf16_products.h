@@ -4,15 +4,10 @@
 // other op stays F32. oneDNN's matmul runs them, on AMX tiles where the CPU has them
 // (Sapphire Rapids and later): 1300-1930 GFLOP/s on two cores of the device machines'
 // host against 260-310 in F32. Without AMX, AVX512-BF16 alone ran them slower than F32 (a
-// 2-core Xeon VM: 134-154 against 233-256), which `available` tells the user.
-#include <string>
+// 2-core Xeon VM: 134-154 against 233-256), which the CLI tells the user. Where this
+// build has oneDNN: cpu_bf16_products_available (hone/cpu_backend.h).
 
 namespace hone::cpu_bf16 {
-
-// Whether this build has oneDNN; `why` says what is missing otherwise.
-bool available(std::string* why);
-// Whether the CPU has AMX with bf16 (where these products beat F32).
-bool has_amx();
 
 // Row-major c[m, n] = op(a)[m, k] op(b)[k, n] (+ c where accumulate), op(a) = a^T where
 // ta (a stored [k, m]), op(b) = b^T where tb (b stored [n, k]); lda, ldb, ldc as in BLAS.

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "hone/cpu_backend.h"
-#include "ops/cpu_bf16_products.h"
 #include "hone/dtype.h"
 #include "hone/memory.h"
 #include "hone/normal.h"
@@ -60,7 +59,7 @@ void cast(Backend& be, const Tensor& src, Tensor& dst) {
 }  // namespace ops
 
 CpuBackend::CpuBackend(bool bf16_products) : bf16_products_(bf16_products) {
-  if (std::string why; bf16_products && !cpu_bf16::available(&why)) fail("bf16 products on the CPU: {}", why);
+  if (std::string why; bf16_products && !cpu_bf16_products_available(&why)) fail("bf16 products on the CPU: {}", why);
   select_blas_kernels();
   openblas_set_num_threads(1);
 }
