@@ -90,6 +90,10 @@ struct Products {
   Entry& entry(bool ta, bool tb, int m, int n, int k, int ldc, bool accumulate) {
     const auto key = std::make_tuple(ta, tb, m, n, k, ldc, accumulate);
     if (auto it = entries.find(key); it != entries.end()) return it->second;
+    // Packed batches change m every step: bound what the shapes seen hold (oneDNN keeps its
+    // own cache of recent primitives, so a shape seen again soon is not compiled again).
+    constexpr size_t kMaxShapes = 256;
+    if (entries.size() >= kMaxShapes) entries.clear();
     // a16 holds op(a) as stored: [m, k] rows, or [k, m] rows read transposed; b16 likewise.
     const memory::desc a({m, k}, memory::data_type::bf16, ta ? memory::dims{1, m} : memory::dims{k, 1});
     const memory::desc b({k, n}, memory::data_type::bf16, tb ? memory::dims{1, k} : memory::dims{n, 1});
