@@ -147,7 +147,7 @@ TEST(Cli, ConfigNameReplacesTheModelsConfiguration) {
 }
 
 // On the CPU, --fp16 is refused; --bf16 rounds the products' operands where the build has
-// oneDNN and is refused, naming it, where it has not.
+// oneDNN and is refused, naming it, where it has not; `hone env` says which.
 TEST(Cli, CpuHalfPrecisionIsBf16ProductsOrAClearRefusal) {
   test::TempDir tmp;
   Result fp16 = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --device cpu --fp16 --output_dir " +
@@ -156,7 +156,12 @@ TEST(Cli, CpuHalfPrecisionIsBf16ProductsOrAClearRefusal) {
   EXPECT_TRUE(has(fp16.out, "--fp16 needs a CUDA GPU")) << fp16.out;
   Result bf16 = hone("train --model_name_or_path bert-tiny --dataset synthetic:8x16 --device cpu --bf16 "
                      "--save_strategy no --output_dir " + tmp.path + "/bf16");
-  if (std::string why; !cpu_bf16_products_available(&why)) {
+  std::string why;
+  const bool available = cpu_bf16_products_available(&why);
+  Result env = hone("env");  // says the same
+  EXPECT_TRUE(has(env.out, std::string("CPU bf16 products (--bf16 --device cpu): ") + (available ? "oneDNN" : why)))
+      << env.out;
+  if (!available) {
     EXPECT_NE(bf16.code, 0);
     EXPECT_TRUE(has(bf16.out, "--bf16 on the CPU: " + why)) << bf16.out;
     return;

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "hone/cpu_backend.h"
 #include "hone/distributed.h"
@@ -36,6 +37,10 @@ int env_command() {
              env_threads ? fmt::format(" (OMP_NUM_THREADS={})", env_threads) : std::string());
   select_blas_kernels();
   fmt::print("CPU products: OpenBLAS, {} kernels\n", blas_kernels());
+  std::string no_bf16;
+  const bool bf16 = cpu_bf16_products_available(&no_bf16);
+  fmt::print("CPU bf16 products (--bf16 --device cpu): {}; AMX-BF16 {}\n", bf16 ? "oneDNN" : no_bf16,
+             cpu_has_amx() ? "present (faster than fp32)" : "absent (may be slower than fp32)");
   fmt::print("{}", gpu_environment_report());
   const ProcessGroup g = process_group_from_env();
   fmt::print("several processes: NCCL {}, MPI {}; this process is rank {} of {} (launcher: {})\n",
