@@ -96,10 +96,9 @@ __device__ __forceinline__ int4 gelu8(int4 v, const uint16_t* table) {
 
 // Writes the GELU of a staged [128][kStagedRow] tile of pre-activations (its first m - m0
 // rows) to out[m0.., n0..], and the pre-activations to pre where it is not null, 16 bytes a
-// thread at a time, two pieces in flight; the
-// warpgroup's barrier `bar` brackets the staging. Here, after the accumulators are dead,
-// the erfs have the registers to run side by side, which the fragments' own epilogue
-// (128 accumulators live) did not leave them.
+// thread at a time, two pieces in flight; the warpgroup's barrier `bar` brackets the
+// staging. Here, after the accumulators are dead, the erfs (fp16, and bf16 outside the
+// table) have the registers to run side by side.
 template <typename T>
 __device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* staged, const uint16_t* table, int m0, int n0,
                                                   int m, int n, int bar) {
