@@ -202,10 +202,10 @@ float keep_scale(const DropoutSpec& drop) { return drop.p > 0.0f ? 1.0f / (1.0f 
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Hopper's kernels where they apply: head size 64, a GPU and binary that have them, and
-// HONE_ATTENTION not asking for the mma.sync kernels.
+// Hopper's kernels where they apply: head size 32, 64 or 128, a GPU and binary that have
+// them, and HONE_ATTENTION not asking for the mma.sync kernels.
 bool use_hopper(const AttentionDims& d) {
-  return d.head_dim == flash::kHopperHeadDim && flash::hopper_kernels_present() && hopper_attention_allowed();
+  return flash::hopper_head_dim(d.head_dim) && flash::hopper_kernels_present() && hopper_attention_allowed();
 }
 
 // The keep bits of this call, checked: the forward's to write or the backward's to read;
@@ -266,20 +266,20 @@ void run_forward(cudaStream_t stream, flash::ForwardArgs a, const Tensor& qkv, i
                  uint32_t* bits) {
   draw_keep_bits(stream, d, a.drop, bits, a.row_start);
   a.window = d.window;
-  if (use_hopper(d)) {
-    // Packed, a tile that runs past a sequence's end reads the next one's rows (or TMA's
-    // zeros past the last): their keys are masked and their queries' results not written.
-    const bool bf16 = qkv.dtype == DType::BF16;
-    const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * d.hidden(), 128);
-    const CUtensorMap bits_map = keep_bits_map(d, bits, 128);
-    if (bf16)
-      flash::launch_hopper_forward<__nv_bfloat16>(a, map, bits_map, d.batch, sm_count(), stream);
-    else
-      flash::launch_hopper_forward<__half>(a, map, bits_map, d.batch, sm_count(), stream);
-    return;
-  }
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
-    flash::launch_forward<typename decltype(type)::type, decltype(dim)::value>(a, d.batch, stream);
+    using T16 = typename decltype(type)::type;
+    constexpr int D = decltype(dim)::value;
+    if constexpr (flash::hopper_head_dim(D)) {
+      if (use_hopper(d)) {
+        // Packed, a tile that runs past a sequence's end reads the next one's rows (or TMA's
+        // zeros past the last): their keys are masked and their queries' results not written.
+        const CUtensorMap map =
+            flash::hopper_tile_map(qkv.data, qkv.dtype == DType::BF16, T, 3 * d.hidden(), 128, std::min(D, 64));
+        flash::launch_hopper_forward<T16, D>(a, map, keep_bits_map(d, bits, 128), d.batch, sm_count(), stream);
+        return;
+      }
+    }
+    flash::launch_forward<T16, D>(a, d.batch, stream);
   });
 }
 
@@ -306,13 +306,13 @@ void run_backward(cudaStream_t stream, flash::BackwardArgs a, const Tensor& dctx
         static_cast<const T16*>(dctx.data), static_cast<const T16*>(ctx.data), row_dot, items,
         d.seq, d.heads, a.row_start);
     HONE_CUDA_LAUNCH_CHECK();
-    if constexpr (D == flash::kHopperHeadDim) {
+    if constexpr (flash::hopper_head_dim(D)) {
       if (use_hopper(d)) {
         const bool bf16 = qkv.dtype == DType::BF16;
-        const CUtensorMap qkv_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * H, 64);
-        const CUtensorMap dctx_map = flash::hopper_tile_map(dctx.data, bf16, T, H, 64);
+        const CUtensorMap qkv_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * H, 64, std::min(D, 64));
+        const CUtensorMap dctx_map = flash::hopper_tile_map(dctx.data, bf16, T, H, 64, std::min(D, 64));
         const CUtensorMap bits_map = keep_bits_map(d, a.keep_bits, 64);
-        flash::launch_hopper_backward<T16>(a, qkv_map, dctx_map, bits_map, d.batch, sm_count(), stream);
+        flash::launch_hopper_backward<T16, D>(a, qkv_map, dctx_map, bits_map, d.batch, sm_count(), stream);
       } else {
         flash::launch_backward<T16, D>(a, d.batch, stream);
       }

@@ -1,6 +1,6 @@
 #pragma once
 // hone's Hopper attention kernels (flash_hopper_*.cu): FlashAttention-3's structure on
-// TMA and warpgroup MMA for head size 64, the head size of BERT base and large. They take
+// TMA and warpgroup MMA for head sizes 32 (MiniLM), 64 (BERT base and large) and 128. They take
 // the arguments of the mma.sync kernels (flash_kernels.h) plus a TMA map of qkv, and
 // flash_attention.cu picks them on a 9.0 GPU whose binary image holds them.
 #include <cuda.h>
@@ -13,11 +13,13 @@ namespace hone::cuda::flash {
 struct ForwardArgs;
 struct BackwardArgs;
 
-constexpr int kHopperHeadDim = 64;
+// The head sizes the kernels below are built for.
+constexpr bool hopper_head_dim(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
-// TMA map of a row-major half matrix [rows, cols] in boxes of box_rows x 64 columns,
-// 128-byte swizzled: one head's Q, K, V (of qkv) or dO (of dctx) tiles.
-CUtensorMap hopper_tile_map(const void* base, bool bf16, int64_t rows, int64_t cols, int box_rows);
+// TMA map of a row-major half matrix [rows, cols] in boxes of box_rows x box_cols (64 or 32)
+// columns, 128- or 64-byte swizzled as HeadTile lays a panel out: one head's Q, K, V (of
+// qkv) or dO (of dctx) tiles, a box per panel, or a product's operand tiles.
+CUtensorMap hopper_tile_map(const void* base, bool bf16, int64_t rows, int64_t cols, int box_rows, int box_cols = 64);
 
 // TMA map of the dropout keep bits, U32 [rows, words], in boxes of box_rows x 4 words.
 CUtensorMap hopper_bits_map(const uint32_t* bits, int64_t rows, int words, int box_rows);
@@ -27,11 +29,11 @@ bool hopper_kernels_present();
 
 // sms: the number of persistent CTAs at most (one per SM).
 // qkv_map and bits_map (read only when a.drop.p > 0): boxes of 128 rows.
-template <typename T>
+template <typename T, int D>
 void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
                            int sms, cudaStream_t stream);
 // qkv_map, dctx_map and bits_map: boxes of 64 rows. a.dq_accum as for launch_backward.
-template <typename T>
+template <typename T, int D>
 void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,
                             const CUtensorMap& bits_map, int batch, int sms, cudaStream_t stream);
 

@@ -1,18 +1,20 @@
-// Flash attention backward for Hopper (FlashAttention-3's structure), head size 64: a
+// Flash attention backward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
 // persistent kernel, one CTA per SM, of two consumer warpgroups and a producer warpgroup
 // (one warp of it works). A tile is 128 keys of one (sequence, head), 64 per consumer
 // warpgroup; the producer streams K and V once per tile and then every query block (64
 // queries: Q, dO through TMA, the forward's {max, 1 / sum} and D = rowsum(dO * O) through
-// plain loads) through a ring of 128-byte-swizzled stages. Per query block a consumer
-// warpgroup issues, as warpgroup MMAs with its K and V fragments in registers:
+// plain loads) through a ring of swizzled stages (HeadTile). Per query block a consumer
+// warpgroup issues, as warpgroup MMAs with its K and V fragments in registers (from shared
+// memory at head size 128, where registers hold dK and dV's 128 accumulators):
 //   S^T = K Q^T and dP^T = V dO^T (64 keys x 64 queries),
 //   dV += P'^T dO and dK += dS^T Q (P' the dropped P, dS^T = P^T (dP^T - D)),
 //   dQ_part = dS K over its 64 keys (dS^T through shared memory),
 // and one warpgroup, alternating by block, adds both parts to the F32 accumulator with
-// vector reductions. Dropout reads the keep bits drawn beforehand (keep_bits_kernel)
-// through the query stages. Padded queries are computed (P = 0 past the sequence; a
-// packed sequence has none, and its tiles' rows past it, another sequence's, get P = 0);
-// key tiles past the sequence's last attended key only write their zero gradients. With
+// vector reductions (at head size 128, after dV and dK's products, each warpgroup takes 64
+// of dQ's columns over all the tile's keys, reading both dS^T). Dropout reads the keep bits
+// drawn beforehand (keep_bits_kernel) through the query stages. Padded queries are computed
+// (P = 0 past the sequence; a packed sequence has none, and its tiles' rows past it, another
+// sequence's, get P = 0); key tiles past the sequence's last attended key only write their zero gradients. With
 // a window, producer and consumers walk only the query blocks within it of the tile's
 // keys, and the blocks that cross its edge give the elements outside it no weight. Same
 // arguments and results as flash_backward.cu.
@@ -28,13 +30,12 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kD = 64;
 constexpr int kConsumers = 2;                          // warpgroups of 64 keys
 constexpr int kKeys = 64 * kConsumers;                 // keys per tile
 constexpr int kQueries = 64;                           // queries per block
 constexpr int kStages = 2;                             // query blocks in flight
 constexpr int kThreadsBwd = 128 * (kConsumers + 1);    // + the producer warpgroup
-constexpr int kBox = 64 * kD * 2;                      // one swizzled [64][64] half tile
+constexpr int kDsBytes = 64 * 64 * 2;                  // one swizzled [64 keys][64 queries] dS^T
 
 // The query blocks that key tile key0 of a sequence is weighed by (window_blocks); the
 // producer and the consumers walk the same ones.
@@ -42,50 +43,69 @@ __device__ __forceinline__ BlockRange query_walk(const BackwardArgs& a, const Se
   return window_blocks(a.window, key0, min(key0 + kKeys, rows.len) - 1, kQueries, (rows.len + kQueries - 1) / kQueries);
 }
 
+template <int D>
 struct BwdSmem {
-  // Per K/V buffer (two: the next tile's load overlaps this one) K and V of 128 keys; per
-  // stage Q and dO of 64 queries; per consumer warpgroup two dS^T [64 keys][64 queries],
-  // used in turns, so that a warp writing the next block's dS^T never overwrites rows that
-  // a slower warp's part of the last dQ product may still read.
-  static constexpr size_t kK = 0;                                       // [2][128][64]
-  static constexpr size_t kV = kK + 2 * size_t(2 * kBox);               // [2][128][64]
-  static constexpr size_t kQ = kV + 2 * size_t(2 * kBox);               // [kStages][64][64]
-  static constexpr size_t kO = kQ + size_t(kStages) * kBox;             // [kStages][64][64]
-  static constexpr size_t kDS = kO + size_t(kStages) * kBox;            // [kConsumers][2][64][64]
-  static constexpr size_t kStats = kDS + size_t(2 * kConsumers) * kBox;  // [kStages][64] float2
-  static constexpr size_t kDot = kStats + size_t(kStages) * kQueries * 8;  // [kStages][64] F32
+  using KeyTile = HeadTile<D, kKeys>;
+  using QueryTile = HeadTile<D, kQueries>;
+  // Head size 128 keeps dK and dV (128 accumulators) in registers: K and V feed the MMAs
+  // from shared memory, each warpgroup reduces 64 columns of dQ (no parts to exchange),
+  // and one K/V buffer fits beside the stages.
+  static constexpr bool kWide = D == 128;
+  static constexpr int kKVBuffers = kWide ? 1 : 2;
+  // Registers a thread (128 producer + 256 consumer threads <= 64 Ki): at head size 128 the
+  // consumers spill 56 bytes at 232, 4 at 240, and the producer's loop fits in 24.
+  static constexpr int kProducerRegisters = kWide ? 24 : 40;
+  static constexpr int kConsumerRegisters = kWide ? 240 : 232;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
+  // Per K/V buffer (two: the next tile's load overlaps this one; one at head size 128) K
+  // and V of 128 keys; per stage Q and dO of 64 queries; per consumer warpgroup two dS^T
+  // [64 keys][64 queries], used in turns, so that a warp writing the next block's dS^T
+  // never overwrites rows that a slower warp's part of the last dQ product may still read
+  // (at head size 128 the other warpgroup's too: it passes the next block's barrier only
+  // after its dQ product).
+  static constexpr size_t kK = 0;                                                   // [buffers][128][D]
+  static constexpr size_t kV = kK + size_t(kKVBuffers) * KeyTile::kBytes;           // [buffers][128][D]
+  static constexpr size_t kQ = kV + size_t(kKVBuffers) * KeyTile::kBytes;           // [kStages][64][D]
+  static constexpr size_t kO = kQ + size_t(kStages) * QueryTile::kBytes;            // [kStages][64][D]
+  static constexpr size_t kDS = kO + size_t(kStages) * QueryTile::kBytes;           // [kConsumers][2][64][64]
+  static constexpr size_t kStats = kDS + size_t(2 * kConsumers) * kDsBytes;         // [kStages][64] float2
+  static constexpr size_t kDot = kStats + size_t(kStages) * kQueries * 8;           // [kStages][64] F32
   static constexpr size_t kBits = kDot + size_t(kStages) * kQueries * 4;  // [kStages][64][4] U32, 128-aligned
-  // Per stage, one warpgroup's dQ part for the other: [kStages][8][128] float4.
+  // Per stage, one warpgroup's dQ part for the other: [kStages][D / 8][128] float4.
   static constexpr size_t kPart = kBits + size_t(kStages) * kQueries * 16;
-  static constexpr size_t kBars = kPart + size_t(kStages) * 8 * 128 * 16;
-  static constexpr size_t kBytes = kBars + (4 + 2 * kStages) * 8 + 1024;  // + alignment slack
+  static constexpr size_t kBars = kPart + (kWide ? 0 : size_t(kStages) * (D / 8) * 128 * 16);
+  static constexpr size_t kBytes = kBars + (2 * kKVBuffers + 2 * kStages) * 8 + 1024;  // + alignment slack
 };
 
-template <typename T>
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsBwd, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dctx_map,
                            const __grid_constant__ CUtensorMap bits_map, BackwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using L = BwdSmem<D>;
+  using KeyTile = typename L::KeyTile;
+  using QueryTile = typename L::QueryTile;
+  constexpr int kKVBuffers = L::kKVBuffers, kCols = KeyTile::kCols, kPanels = KeyTile::kPanels;
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
-  unsigned char* sK = smem + BwdSmem::kK;
-  unsigned char* sV = smem + BwdSmem::kV;
-  unsigned char* sQ = smem + BwdSmem::kQ;
-  unsigned char* sO = smem + BwdSmem::kO;
-  unsigned char* sDS = smem + BwdSmem::kDS;
-  float2* sStats = reinterpret_cast<float2*>(smem + BwdSmem::kStats);
-  float* sDot = reinterpret_cast<float*>(smem + BwdSmem::kDot);
-  const uint32_t* sBits = reinterpret_cast<const uint32_t*>(smem + BwdSmem::kBits);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + BwdSmem::kBars);
-  uint64_t* kv_full = bars;       // [2]: K and V of a tile landed
-  uint64_t* kv_empty = bars + 2;  // [2]: every consumer warp is done with the tile
-  uint64_t* q_full = bars + 4;    // [kStages]: Q, dO landed, stats and D written
-  uint64_t* q_empty = bars + 4 + kStages;  // [kStages]
+  unsigned char* sK = smem + L::kK;
+  unsigned char* sV = smem + L::kV;
+  unsigned char* sQ = smem + L::kQ;
+  unsigned char* sO = smem + L::kO;
+  unsigned char* sDS = smem + L::kDS;
+  float2* sStats = reinterpret_cast<float2*>(smem + L::kStats);
+  float* sDot = reinterpret_cast<float*>(smem + L::kDot);
+  const uint32_t* sBits = reinterpret_cast<const uint32_t*>(smem + L::kBits);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* kv_full = bars;                // [kKVBuffers]: K and V of a tile landed
+  uint64_t* kv_empty = bars + kKVBuffers;  // [kKVBuffers]: every consumer warp is done with the tile
+  uint64_t* q_full = bars + 2 * kKVBuffers;  // [kStages]: Q, dO landed, stats and D written
+  uint64_t* q_empty = bars + 2 * kKVBuffers + kStages;  // [kStages]
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kConsumerWarps = 4 * kConsumers;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kKVBuffers; ++i) {
       mbar_init(kv_full + i, 1);
       mbar_init(kv_empty + i, kConsumerWarps);
     }
@@ -97,13 +117,13 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   }
   __syncthreads();
 
-  const int S = a.seq, H = a.heads * kD;
+  const int S = a.seq, H = a.heads * D;
   const int key_tiles = (S + kKeys - 1) / kKeys;
   const int tiles = key_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
-    registers_decrease<40>();
+    registers_decrease<L::kProducerRegisters>();
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -113,15 +133,17 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       if (key0 >= rows.keys) continue;
       const BlockRange walk = query_walk(a, rows, key0);
       const int row0 = int(rows.first);
-      const int buf = kv_iter & 1;
-      mbar_wait(kv_empty + buf, ((kv_iter++ >> 1) & 1) ^ 1);
+      const int buf = kv_iter % kKVBuffers;
+      mbar_wait(kv_empty + buf, ((kv_iter++ / kKVBuffers) & 1) ^ 1);
       if (lane == 0) {
-        mbar_arrive_expect_tx(kv_full + buf, 4 * kBox);
-        for (int half = 0; half < 2; ++half) {
-          tma_load_2d(sK + buf * 2 * kBox + half * kBox, &qkv_map, H + h * kD, row0 + key0 + half * 64, kv_full + buf);
-          tma_load_2d(sV + buf * 2 * kBox + half * kBox, &qkv_map, 2 * H + h * kD, row0 + key0 + half * 64,
-                      kv_full + buf);
-        }
+        mbar_arrive_expect_tx(kv_full + buf, 2 * KeyTile::kBytes);
+        for (int p = 0; p < kPanels; ++p)
+          for (int half = 0; half < 2; ++half) {  // boxes of 64 rows
+            const int at = buf * KeyTile::kBytes + p * KeyTile::kPanelBytes + half * 64 * KeyTile::kRowBytes;
+            const int col = h * D + p * kCols, row = row0 + key0 + half * 64;
+            tma_load_2d(sK + at, &qkv_map, H + col, row, kv_full + buf);
+            tma_load_2d(sV + at, &qkv_map, 2 * H + col, row, kv_full + buf);
+          }
       }
       for (int qb = walk.lo; qb < walk.hi; ++qb, ++q_iter) {
         const int stage = q_iter % kStages;
@@ -133,11 +155,14 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
           sDot[stage * kQueries + i] = valid ? a.row_dot[int64_t(bh) * S + q] : 0.0f;
         }
         if (lane == 0) {
-          mbar_arrive_expect_tx(q_full + stage, 2 * kBox + (dropping ? kQueries * 16 : 0));
-          tma_load_2d(sQ + stage * kBox, &qkv_map, h * kD, row0 + qb * kQueries, q_full + stage);
-          tma_load_2d(sO + stage * kBox, &dctx_map, h * kD, row0 + qb * kQueries, q_full + stage);
+          mbar_arrive_expect_tx(q_full + stage, 2 * QueryTile::kBytes + (dropping ? kQueries * 16 : 0));
+          for (int p = 0; p < kPanels; ++p) {
+            const int at = stage * QueryTile::kBytes + p * QueryTile::kPanelBytes, col = h * D + p * kCols;
+            tma_load_2d(sQ + at, &qkv_map, col, row0 + qb * kQueries, q_full + stage);
+            tma_load_2d(sO + at, &dctx_map, col, row0 + qb * kQueries, q_full + stage);
+          }
           if (dropping)
-            tma_load_2d(smem + BwdSmem::kBits + stage * kQueries * 16, &bits_map, key0 / 32, bh * S + qb * kQueries,
+            tma_load_2d(smem + L::kBits + stage * kQueries * 16, &bits_map, key0 / 32, bh * S + qb * kQueries,
                         q_full + stage);
         } else {
           mbar_arrive(q_full + stage);
@@ -147,7 +172,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     return;
   }
 
-  registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
+  registers_increase<L::kConsumerRegisters>();
   // A consumer: warpgroup wg owns keys 64 wg .. 64 wg + 63 of the tile; its warp wq rows
   // 16 wq .. 16 wq + 15 of them, this lane keys key_a and key_a + 8.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
@@ -160,12 +185,12 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     const int64_t seq_row0 = rows.first;
     const int row_in_tile = wg * 64 + wq * 16;
     const int key_a = key0 + row_in_tile + g, key_b = key_a + 8;
-    T* dk_dst = static_cast<T*>(a.dqkv) + seq_row0 * 3 * H + H + h * kD + 2 * t;
+    T* dk_dst = static_cast<T*>(a.dqkv) + seq_row0 * 3 * H + H + h * D + 2 * t;
     T* dv_dst = dk_dst + H;
 
     if (key0 >= rows.keys) {  // no query attends to these keys: dK = dV = 0 (packed: none are this sequence's)
 #pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) {
+      for (int dt = 0; dt < D / 8; ++dt) {
         if (key_a < len) {
           *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_a) * 3 * H + dt * 8) = 0u;
           *reinterpret_cast<uint32_t*>(dv_dst + int64_t(key_a) * 3 * H + dt * 8) = 0u;
@@ -178,48 +203,63 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       continue;
     }
 
-    const int buf = kv_iter & 1;
-    mbar_wait(kv_full + buf, (kv_iter++ >> 1) & 1);
-    const unsigned char* k_s = sK + buf * 2 * kBox;
-    const unsigned char* v_s = sV + buf * 2 * kBox;
+    const int buf = kv_iter % kKVBuffers;
+    mbar_wait(kv_full + buf, (kv_iter++ / kKVBuffers) & 1);
+    const unsigned char* k_s = sK + buf * KeyTile::kBytes;
+    const unsigned char* v_s = sV + buf * KeyTile::kBytes;
     const int32_t* mask_row = a.row_start ? nullptr : a.mask + seq_row0;
     const int kind_a = key_kind(mask_row, key_a, len), kind_b = key_kind(mask_row, key_b, len);
     const int bit_word = (row_in_tile + g) >> 5, bit_a = (row_in_tile + g) & 31;  // key_b: bit_a + 8, same word
-    float dk[32], dv[32];
+    float dk[D / 2], dv[D / 2];  // per panel of kCols columns, its kCols / 2 accumulators
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
 
     const BlockRange walk = query_walk(a, rows, key0);
     for (int qb = walk.lo; qb < walk.hi; ++qb, ++q_iter) {
       const int stage = q_iter % kStages;
       mbar_wait(q_full + stage, (q_iter / kStages) & 1);
-      const unsigned char* q_s = sQ + stage * kBox;
-      const unsigned char* o_s = sO + stage * kBox;
+      const unsigned char* q_s = sQ + stage * QueryTile::kBytes;
+      const unsigned char* o_s = sO + stage * QueryTile::kBytes;
       const float2* stats = sStats + stage * kQueries;
       const float* dots = sDot + stage * kQueries;
       const uint32_t* bits = sBits + stage * kQueries * 4;  // [query][4 words of the tile's keys]
-      unsigned char* ds_s = sDS + (2 * wg + (q_iter & 1)) * kBox;
+      unsigned char* ds_s = sDS + (2 * wg + (q_iter & 1)) * kDsBytes;
 
-      // This warp's K and V fragments, read again per block: kept across the loop, they
-      // would be 32 registers more than the consumers have.
-      uint32_t kf[kD / 16][4], vf[kD / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int r = row_in_tile + (lane & 15);
-        ldmatrix_x4(kf[kk], k_s + swizzled(r, kk * 2 + (lane >> 4)));
-        ldmatrix_x4(vf[kk], v_s + swizzled(r, kk * 2 + (lane >> 4)));
-      }
       float s[32], dp[32];  // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, tiles of 8 queries
-      wgmma_fence();
+      if constexpr (L::kWide) {
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n64k16_rs<T, false>(s, kf[kk], smem_descriptor(q_s + kk * 32), kk > 0);
+        for (int kk = 0; kk < D / 16; ++kk)
+          wgmma_m64n64k16_ss<T, false, false>(s, KeyTile::k_major(k_s, wg * 64, kk), QueryTile::k_major(q_s, 0, kk),
+                                              kk > 0);
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma_m64n64k16_rs<T, false>(dp, vf[kk], smem_descriptor(o_s + kk * 32), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(kf);
-      fence_registers(vf);
+        for (int kk = 0; kk < D / 16; ++kk)
+          wgmma_m64n64k16_ss<T, false, false>(dp, KeyTile::k_major(v_s, wg * 64, kk), QueryTile::k_major(o_s, 0, kk),
+                                              kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+      } else {
+        // This warp's K and V fragments, read again per block: kept across the loop, they
+        // would be 32 registers more than the consumers have.
+        uint32_t kf[D / 16][4], vf[D / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const int r = row_in_tile + (lane & 15), c = kk * 2 + (lane >> 4);
+          ldmatrix_x4(kf[kk], k_s + KeyTile::chunk(r, c));
+          ldmatrix_x4(vf[kk], v_s + KeyTile::chunk(r, c));
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          wgmma_m64n64k16_rs<T, false>(s, kf[kk], QueryTile::k_major(q_s, 0, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          wgmma_m64n64k16_rs<T, false>(dp, vf[kk], QueryTile::k_major(o_s, 0, kk), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(kf);
+        fence_registers(vf);
+      }
       fence_registers(s);
       fence_registers(dp);
 
@@ -255,62 +295,96 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         da[qc][2] = pack<T>(dp[8 * qc + 4], dp[8 * qc + 5]);
         da[qc][3] = pack<T>(dp[8 * qc + 6], dp[8 * qc + 7]);
       }
-      // dQ_part (64 queries x 64) = dS K over this warpgroup's keys reads all of its dS^T.
+      // dQ_part (64 queries x D) = dS K over this warpgroup's keys reads all of its dS^T; at
+      // head size 128 a warpgroup's 64 columns of dQ over the tile's keys read both's.
       fence_async_shared();
-      named_barrier(1 + wg, 128);
-      float dq[32];
+      if constexpr (L::kWide)
+        named_barrier(1, 256);
+      else
+        named_barrier(1 + wg, 128);
       fence_registers(dv);
       fence_registers(dk);
       wgmma_fence();
 #pragma unroll
       for (int qc = 0; qc < kQueries / 16; ++qc)
-        wgmma_m64n64k16_rs<T, true>(dv, pa[qc], smem_descriptor(o_s + qc * 16 * 128), true);
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p)
+          wgmma_panel_rs<T, kCols, true>(dv + p * kCols / 2, pa[qc], QueryTile::mn_major(o_s, p, qc * 16), true);
 #pragma unroll
       for (int qc = 0; qc < kQueries / 16; ++qc)
-        wgmma_m64n64k16_rs<T, true>(dk, da[qc], smem_descriptor(q_s + qc * 16 * 128), true);
 #pragma unroll
-      for (int kc = 0; kc < 64 / 16; ++kc)
-        wgmma_m64n64k16_ss<T, true, true>(dq, smem_descriptor(ds_s + kc * 16 * 128),
-                                          smem_descriptor(k_s + (wg * 64 + kc * 16) * 128), kc > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(pa);
-      fence_registers(da);
-      fence_registers(dv);
-      fence_registers(dk);
-      fence_registers(dq);
-      // Both warpgroups' dQ parts are of the same 64 queries (over their own keys), in the
-      // same fragment layout: one warpgroup, alternating by block, adds the other's part
-      // from shared memory and reduces the sum into the F32 accumulator, half the global
-      // reductions (which cost 0.07 of the 0.51 ms at bert-large's shape). The part goes
-      // through the block's stage's buffer, and the adder reads it before it releases the
-      // stage: the other warpgroup writes that buffer again only for a block of the stage's
-      // next round, which the producer loads after the release, so never while it is read.
-      const bool adds = wg == (q_iter & 1);
-      float4* part = reinterpret_cast<float4*>(smem + BwdSmem::kPart) + stage * 8 * 128 + (threadIdx.x & 127);
-      if (!adds) {
+        for (int p = 0; p < kPanels; ++p)
+          wgmma_panel_rs<T, kCols, true>(dk + p * kCols / 2, da[qc], QueryTile::mn_major(q_s, p, qc * 16), true);
+      const int qa = qb * kQueries + wq * 16 + g, qz = qa + 8;  // dQ rows are queries
+      float* acc = a.dq_accum + seq_row0 * H + h * D + 2 * t;
+      // Adds dq, columns col0 .. col0 + 63 (or D), to the F32 accumulator.
+      const auto reduce_dq = [&](const float* dq, int col0) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-        named_barrier_arrive(3 + stage, 256);
+        for (int dt = 0; dt < kCols / 8; ++dt) {
+          const int col = col0 + dt * 8;
+          if (qa < len) red_add_f32x2(acc + int64_t(qa) * H + col, dq[4 * dt], dq[4 * dt + 1]);
+          if (qz < len) red_add_f32x2(acc + int64_t(qz) * H + col, dq[4 * dt + 2], dq[4 * dt + 3]);
+        }
+      };
+      if constexpr (L::kWide) {
+        // Warpgroup wg takes dQ's panel wg (64 columns) over all 128 keys of the tile, from
+        // both warpgroups' dS^T: one reduction per element and tile, and 32 accumulators,
+        // issued behind dV and dK's products.
+        float dq[32];
+#pragma unroll
+        for (int kc = 0; kc < kKeys / 16; ++kc) {
+          const unsigned char* ds = sDS + (2 * (kc / 4) + (q_iter & 1)) * kDsBytes + (kc % 4) * 16 * 128;
+          wgmma_m64n64k16_ss<T, true, true>(dq, smem_descriptor(ds), KeyTile::mn_major(k_s, wg, kc * 16), kc > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(pa);
+        fence_registers(da);
+        fence_registers(dv);
+        fence_registers(dk);
+        fence_registers(dq);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty + stage);
+        reduce_dq(dq, wg * 64);
       } else {
-        named_barrier(3 + stage, 256);
+        float dq[D / 2];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float4 o = part[j * 128];
-          dq[4 * j] += o.x, dq[4 * j + 1] += o.y, dq[4 * j + 2] += o.z, dq[4 * j + 3] += o.w;
-        }
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(q_empty + stage);
-
-      if (adds) {
-        const int qa = qb * kQueries + wq * 16 + g, qz = qa + 8;  // dQ rows are queries
-        float* acc = a.dq_accum + seq_row0 * H + h * kD + 2 * t;
+        for (int kc = 0; kc < 64 / 16; ++kc)
+          wgmma_panel_ss<T, kCols, true, true>(dq, smem_descriptor(ds_s + kc * 16 * 128),
+                                               KeyTile::mn_major(k_s, 0, wg * 64 + kc * 16), kc > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(pa);
+        fence_registers(da);
+        fence_registers(dv);
+        fence_registers(dk);
+        fence_registers(dq);
+        // Both warpgroups' dQ parts are of the same 64 queries (over their own keys), in the
+        // same fragment layout: one warpgroup, alternating by block, adds the other's part
+        // from shared memory and reduces the sum into the F32 accumulator, half the global
+        // reductions (which cost 0.07 of the 0.51 ms at bert-large's shape). The part goes
+        // through the block's stage's buffer, and the adder reads it before it releases the
+        // stage: the other warpgroup writes that buffer again only for a block of the stage's
+        // next round, which the producer loads after the release, so never while it is read.
+        constexpr int kParts = D / 8;  // float4s a thread
+        const bool adds = wg == (q_iter & 1);
+        float4* part = reinterpret_cast<float4*>(smem + L::kPart) + stage * kParts * 128 + (threadIdx.x & 127);
+        if (!adds) {
 #pragma unroll
-        for (int dt = 0; dt < kD / 8; ++dt) {
-          if (qa < len) red_add_f32x2(acc + int64_t(qa) * H + dt * 8, dq[4 * dt], dq[4 * dt + 1]);
-          if (qz < len) red_add_f32x2(acc + int64_t(qz) * H + dt * 8, dq[4 * dt + 2], dq[4 * dt + 3]);
+          for (int j = 0; j < kParts; ++j)
+            part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+          named_barrier_arrive(3 + stage, 256);
+        } else {
+          named_barrier(3 + stage, 256);
+#pragma unroll
+          for (int j = 0; j < kParts; ++j) {
+            const float4 o = part[j * 128];
+            dq[4 * j] += o.x, dq[4 * j + 1] += o.y, dq[4 * j + 2] += o.z, dq[4 * j + 3] += o.w;
+          }
         }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty + stage);
+        if (adds) reduce_dq(dq, 0);
       }
     }
     __syncwarp();
@@ -318,7 +392,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 
     // Keys past the sequence are not written; masked keys come out exactly 0 (P = 0).
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt) {
+    for (int dt = 0; dt < D / 8; ++dt) {
       if (key_a < len) {
         *reinterpret_cast<uint32_t*>(dk_dst + int64_t(key_a) * 3 * H + dt * 8) =
             pack<T>(dk[4 * dt] * a.scale, dk[4 * dt + 1] * a.scale);
@@ -339,24 +413,31 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 
 }  // namespace
 
-template <typename T>
+template <typename T, int D>
 void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,
                             const CUtensorMap& bits_map, int batch, int sms, cudaStream_t stream) {
+  constexpr size_t kBytes = BwdSmem<D>::kBytes;
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
-    HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(BwdSmem::kBytes)));
+    HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_backward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kBytes)));
     return true;
   }();
   (void)smem_opted_in;
   const int tiles = (a.seq + kKeys - 1) / kKeys * batch * a.heads;
-  hopper_backward_kernel<T>
-      <<<std::min(tiles, sms), kThreadsBwd, BwdSmem::kBytes, stream>>>(qkv_map, dctx_map, bits_map, a, batch);
+  hopper_backward_kernel<T, D>
+      <<<std::min(tiles, sms), kThreadsBwd, kBytes, stream>>>(qkv_map, dctx_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-template void launch_hopper_backward<__nv_bfloat16>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&,
-                                                     const CUtensorMap&, int, int, cudaStream_t);
-template void launch_hopper_backward<__half>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&,
+#define HONE_HOPPER_BACKWARD(T, D)                                                                                  \
+  template void launch_hopper_backward<T, D>(const BackwardArgs&, const CUtensorMap&, const CUtensorMap&,          \
                                              const CUtensorMap&, int, int, cudaStream_t);
+HONE_HOPPER_BACKWARD(__nv_bfloat16, 32)
+HONE_HOPPER_BACKWARD(__nv_bfloat16, 64)
+HONE_HOPPER_BACKWARD(__nv_bfloat16, 128)
+HONE_HOPPER_BACKWARD(__half, 32)
+HONE_HOPPER_BACKWARD(__half, 64)
+HONE_HOPPER_BACKWARD(__half, 128)
+#undef HONE_HOPPER_BACKWARD
 
 }  // namespace hone::cuda::flash

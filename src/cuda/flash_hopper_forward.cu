@@ -1,8 +1,8 @@
-// Flash attention forward for Hopper (FlashAttention-3's structure), head size 64: a
+// Flash attention forward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
 // persistent kernel, one CTA per SM, of two consumer warpgroups and a producer warpgroup
 // (one warp of it works; the group gives its registers to the consumers).
 // The producer streams each tile's Q (128 rows) and its key blocks (K and V, 128 keys)
-// through TMA into a ring of 128-byte-swizzled shared memory stages, with the key block's
+// through TMA into a ring of swizzled shared memory stages (HeadTile), with the key block's
 // mask bias beside them, and mbarriers hand stages back and forth. Each consumer warpgroup
 // owns 64 query rows: it keeps its Q fragments in registers and per key block issues
 // S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
@@ -25,13 +25,10 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kD = 64;
 constexpr int kConsumers = 2;                       // warpgroups of 64 query rows
 constexpr int kRows = 64 * kConsumers;              // query rows per tile
 constexpr int kKeys = 128;                          // keys per block
-constexpr int kStages = 3;                          // key blocks in flight
 constexpr int kHopperThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-constexpr int kTileBytes = kKeys * kD * 2;          // one swizzled [128][64] half tile
 static_assert(kRows == kKeys, "Q and the key blocks share one TMA box");
 
 // The key blocks that query tile qt of a sequence weighs (window_blocks); the producer and
@@ -41,8 +38,12 @@ __device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const Seque
   return window_blocks(a.window, first, last, kKeys, (rows.keys + kKeys - 1) / kKeys);
 }
 
+template <int D>
 struct Smem {
-  // [kRows][64] Q, then per stage [kKeys][64] K and V, all 1024-byte aligned.
+  using Tile = HeadTile<D, kKeys>;
+  static constexpr int kTileBytes = Tile::kBytes;
+  static constexpr int kStages = D == 128 ? 2 : 3;  // key blocks in flight (three of 128 x 128 exceed the SM)
+  // [kRows][D] Q, then per stage [kKeys][D] K and V, all 1024-byte aligned.
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + kTileBytes;
   static constexpr size_t kV = kK + size_t(kStages) * kTileBytes;
@@ -52,19 +53,22 @@ struct Smem {
   static constexpr size_t kBytes = kBars + (2 + 2 * kStages) * 8 + 1024;  // + alignment slack
 };
 
-template <typename T>
+template <typename T, int D>
 __global__ void __launch_bounds__(kHopperThreads, 1)
     hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap bits_map,
                           ForwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
   extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using L = Smem<D>;
+  using Tile = typename L::Tile;
+  constexpr int kStages = L::kStages, kTileBytes = L::kTileBytes;
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
-  unsigned char* sQ = smem + Smem::kQ;
-  unsigned char* sK = smem + Smem::kK;
-  unsigned char* sV = smem + Smem::kV;
-  float* sBias = reinterpret_cast<float*>(smem + Smem::kBias);
-  const uint4* sBits = reinterpret_cast<const uint4*>(smem + Smem::kBits);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::kBars);
+  unsigned char* sQ = smem + L::kQ;
+  unsigned char* sK = smem + L::kK;
+  unsigned char* sV = smem + L::kV;
+  float* sBias = reinterpret_cast<float*>(smem + L::kBias);
+  const uint4* sBits = reinterpret_cast<const uint4*>(smem + L::kBits);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* q_full = bars;          // Q landed (TMA bytes)
   uint64_t* q_empty = bars + 1;     // every consumer warp holds its Q fragments
   uint64_t* kv_full = bars + 2;     // [kStages]: K, V landed and the bias written
@@ -83,7 +87,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   }
   __syncthreads();
 
-  const int S = a.seq, H = a.heads * kD;
+  const int S = a.seq, H = a.heads * D;
   const int q_tiles = (S + kRows - 1) / kRows;
   const int tiles = q_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
@@ -104,7 +108,8 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
       if (lane == 0) {
         mbar_arrive_expect_tx(q_full, kTileBytes);
-        tma_load_2d(sQ, &qkv_map, h * kD, row0 + qt * kRows, q_full);
+        for (int p = 0; p < Tile::kPanels; ++p)
+          tma_load_2d(sQ + p * Tile::kPanelBytes, &qkv_map, h * D + p * Tile::kCols, row0 + qt * kRows, q_full);
       }
       for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
         const int stage = kv_iter % kStages;
@@ -115,10 +120,15 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         }
         if (lane == 0) {
           mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
-          tma_load_2d(sK + stage * kTileBytes, &qkv_map, H + h * kD, row0 + kb * kKeys, kv_full + stage);
-          tma_load_2d(sV + stage * kTileBytes, &qkv_map, 2 * H + h * kD, row0 + kb * kKeys, kv_full + stage);
+          for (int p = 0; p < Tile::kPanels; ++p) {
+            const int col = h * D + p * Tile::kCols;
+            tma_load_2d(sK + stage * kTileBytes + p * Tile::kPanelBytes, &qkv_map, H + col, row0 + kb * kKeys,
+                        kv_full + stage);
+            tma_load_2d(sV + stage * kTileBytes + p * Tile::kPanelBytes, &qkv_map, 2 * H + col, row0 + kb * kKeys,
+                        kv_full + stage);
+          }
           if (dropping)
-            tma_load_2d(smem + Smem::kBits + stage * kRows * 16, &bits_map, kb * 4, bh * S + qt * kRows,
+            tma_load_2d(smem + L::kBits + stage * kRows * 16, &bits_map, kb * 4, bh * S + qt * kRows,
                         kv_full + stage);
         } else {
           mbar_arrive(kv_full + stage);
@@ -143,18 +153,16 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     const int q_row0 = warp_row0 + g;  // this lane's rows: q_row0 and q_row0 + 8
 
     mbar_wait(q_full, q_iter++ & 1);
-    uint32_t qf[kD / 16][4];
+    uint32_t qf[D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int r = row_in_tile + (lane & 15);
-      ldmatrix_x4(qf[kk], sQ + swizzled(r, kk * 2 + (lane >> 4)));
-    }
+    for (int kk = 0; kk < D / 16; ++kk)
+      ldmatrix_x4(qf[kk], sQ + Tile::chunk(row_in_tile + (lane & 15), kk * 2 + (lane >> 4)));
     __syncwarp();
     if (lane == 0) mbar_arrive(q_empty);
 
-    float o[32];
+    float o[D / 2];  // O: per panel of kCols columns, the panel's kCols / 2 accumulators
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's columns
 
     for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       float s[64];  // S = Q K^T: 16 accumulator tiles of 8 keys, s[4 nt + e]
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128k16_rs<T>(s, qf[kk], smem_descriptor(k_s + kk * 32), kk > 0);
+      for (int kk = 0; kk < D / 16; ++kk) wgmma_m64n128k16_rs<T>(s, qf[kk], Tile::k_major(k_s, 0, kk), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(s);
@@ -200,7 +208,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
         row_sum[(i >> 1) & 1] += s[i];
       }
 #pragma unroll
-      for (int i = 0; i < 32; ++i) o[i] *= rescale[(i >> 1) & 1];
+      for (int i = 0; i < D / 2; ++i) o[i] *= rescale[(i >> 1) & 1];
       fence_registers(o);
       if (dropping) {  // this lane's two rows' 128 keep bits, key 8 nt + 2 t + (e & 1) in word nt / 4
         const uint4 w0 = sBits[stage * kRows + row_in_tile + g], w1 = sBits[stage * kRows + row_in_tile + g + 8];
@@ -226,7 +234,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int kc = 0; kc < kKeys / 16; ++kc)
-        wgmma_m64n64k16_rs<T, true>(o, pa[kc], smem_descriptor(v_s + kc * 16 * 128), true);
+#pragma unroll
+        for (int p = 0; p < Tile::kPanels; ++p)
+          wgmma_panel_rs<T, Tile::kCols, true>(o + p * Tile::kCols / 2, pa[kc], Tile::mn_major(v_s, p, kc * 16), true);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(pa);
@@ -248,9 +258,9 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       if (q_row1 < rows.len) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
     }
     const float s0 = inv[0] * a.keep_scale, s1 = inv[1] * a.keep_scale;
-    T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * kD + 2 * t;
+    T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * D + 2 * t;
 #pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt) {
+    for (int dt = 0; dt < D / 8; ++dt) {
       if (q_row0 < rows.len)
         *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row0) * H + dt * 8) = pack<T>(o[4 * dt] * s0, o[4 * dt + 1] * s0);
       if (q_row1 < rows.len)
@@ -272,7 +282,7 @@ bool hopper_kernels_present() {
   if (device >= int(known.size())) return false;
   if (known[device] == 0) {
     cudaFuncAttributes attr{};
-    const cudaError_t e = cudaFuncGetAttributes(&attr, hopper_forward_kernel<__nv_bfloat16>);
+    const cudaError_t e = cudaFuncGetAttributes(&attr, hopper_forward_kernel<__nv_bfloat16, 64>);
     if (e != cudaSuccess) cudaGetLastError();  // no image for this GPU: the answer, not an error
     // Machine code built from sm_90a's PTX; an image JIT-compiled from older PTX has no body.
     known[device] = e == cudaSuccess && attr.binaryVersion == 90 && attr.ptxVersion == 90 ? 1 : 2;
@@ -280,23 +290,30 @@ bool hopper_kernels_present() {
   return known[device] == 1;
 }
 
-template <typename T>
+template <typename T, int D>
 void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
                            int sms, cudaStream_t stream) {
+  constexpr size_t kBytes = Smem<D>::kBytes;
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
-    HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(Smem::kBytes)));
+    HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(kBytes)));
     return true;
   }();
   (void)smem_opted_in;
   const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
-  hopper_forward_kernel<T><<<std::min(tiles, sms), kHopperThreads, Smem::kBytes, stream>>>(qkv_map, bits_map, a, batch);
+  hopper_forward_kernel<T, D><<<std::min(tiles, sms), kHopperThreads, kBytes, stream>>>(qkv_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
-template void launch_hopper_forward<__nv_bfloat16>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
-                                                    cudaStream_t);
-template void launch_hopper_forward<__half>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int,
+#define HONE_HOPPER_FORWARD(T, D)                                                                                  \
+  template void launch_hopper_forward<T, D>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int, \
                                             cudaStream_t);
+HONE_HOPPER_FORWARD(__nv_bfloat16, 32)
+HONE_HOPPER_FORWARD(__nv_bfloat16, 64)
+HONE_HOPPER_FORWARD(__nv_bfloat16, 128)
+HONE_HOPPER_FORWARD(__half, 32)
+HONE_HOPPER_FORWARD(__half, 64)
+HONE_HOPPER_FORWARD(__half, 128)
+#undef HONE_HOPPER_FORWARD
 
 }  // namespace hone::cuda::flash

@@ -8,6 +8,8 @@
 // Tiles of 64 half-precision columns (128 bytes a row) use the 128-byte swizzle: the 16-byte
 // chunk c of row r sits at chunk c ^ (r % 8), so that eight rows' chunk c fall in eight
 // different banks. Such a tile is an "atom" column for wgmma; tiles start 1024-byte aligned.
+// Tiles of 32 columns (64-byte rows) use the 64-byte swizzle: chunk c of row r at
+// c ^ (r / 2 % 4). HeadTile lays a head's [rows][D] out in such panels.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -104,17 +106,49 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 
 // ---------------------------------------------------------------- wgmma
 
-// Descriptor of a 128-byte-swizzled operand in shared memory whose 8-row groups lie 1024
-// bytes apart. The same form serves a K-major operand (rows are M or N, the 64 columns K;
-// step K by 16 with +32 bytes) and an MN-major one (rows are K, the columns M or N; step K
-// by 16 with +2048 bytes); the leading byte offset is unused when M or N is one atom wide.
+// Descriptor of a swizzled operand in shared memory (rows of SwizzleBytes, 128 or 64) whose
+// 8-row groups lie 8 rows apart. The same form serves a K-major operand (rows are M or N,
+// the columns K; step K by 16 with +32 bytes) and an MN-major one (rows are K, the columns
+// M or N; step K by 16 with +16 rows); the leading byte offset is unused when M or N is one
+// atom (a row's columns) wide.
+template <int SwizzleBytes = 128>
 __device__ __forceinline__ uint64_t smem_descriptor(const void* p) {
+  static_assert(SwizzleBytes == 128 || SwizzleBytes == 64);
   uint64_t d = (smem_address(p) & 0x3FFFF) >> 4;
-  d |= uint64_t(1) << 16;           // leading byte offset (unused), 16 bytes
-  d |= uint64_t(1024 >> 4) << 32;   // stride byte offset
-  d |= uint64_t(1) << 62;           // 128-byte swizzle
+  d |= uint64_t(1) << 16;                           // leading byte offset (unused), 16 bytes
+  d |= uint64_t(8 * SwizzleBytes >> 4) << 32;       // stride byte offset
+  d |= uint64_t(SwizzleBytes == 128 ? 1 : 2) << 62;  // 128- or 64-byte swizzle
   return d;
 }
+
+// One head's [Rows][D] half tile in shared memory (Q, K, V or dO rows): panels of
+// min(D, 64) columns, each a TMA box of its own and swizzled over its row (128 bytes for
+// 64 columns, 64 for 32), panel p at p Rows kRowBytes.
+template <int D, int Rows>
+struct HeadTile {
+  static_assert(D == 32 || D == 64 || D == 128, "Hopper attention tiles hold head sizes 32, 64 and 128");
+  static constexpr int kCols = D < 64 ? D : 64;  // columns of a panel
+  static constexpr int kPanels = D / kCols;
+  static constexpr int kRowBytes = kCols * 2;    // the swizzle span
+  static constexpr int kPanelBytes = Rows * kRowBytes;
+  static constexpr int kBytes = kPanels * kPanelBytes;
+
+  // Byte offset of 16-byte chunk c (of D / 8) of row r.
+  __device__ static uint32_t chunk(int r, int c) {
+    constexpr int kChunks = kCols / 8;
+    const int cc = c % kChunks, sw = kRowBytes == 128 ? cc ^ (r & 7) : cc ^ ((r >> 1) & 3);
+    return (c / kChunks) * kPanelBytes + r * kRowBytes + (sw << 4);
+  }
+  // K-major operand of rows row0 .. (M or N), K = columns 16 kk .. 16 kk + 15.
+  __device__ static uint64_t k_major(const unsigned char* tile, int row0, int kk) {
+    const int col = kk * 16;
+    return smem_descriptor<kRowBytes>(tile + (col / kCols) * kPanelBytes + row0 * kRowBytes + (col % kCols) * 2);
+  }
+  // MN-major operand: K = rows k0 .. k0 + 15, M or N = panel p's kCols columns.
+  __device__ static uint64_t mn_major(const unsigned char* tile, int p, int k0) {
+    return smem_descriptor<kRowBytes>(tile + p * kPanelBytes + k0 * kRowBytes);
+  }
+};
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -150,6 +184,20 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 // One asm statement per shape; TY is the PTX name of T ("bf16" or "f16").
+#define HONE_ACC16 HONE_ACC8(0), HONE_ACC8(8)
+#define HONE_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+#define HONE_WGMMA_N32_RS(TY)                                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " " HONE_REGS16                    \
+               "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                                             \
+               : HONE_ACC16                                                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(int(TransB)))
+#define HONE_WGMMA_N32_SS(TY)                                                                             \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " " HONE_REGS16                    \
+               "%16, %17, p, 1, 1, %19, %20;\n}\n"                                                         \
+               : HONE_ACC16                                                                                \
+               : "l"(a), "l"(b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)))
 #define HONE_WGMMA_N64_RS(TY)                                                                             \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " HONE_REGS32                    \
@@ -174,6 +222,29 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
                "%64, %65, p, 1, 1, 0, 0;\n}\n"                                                            \
                : HONE_ACC32, HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48), HONE_ACC8(56)                    \
                : "l"(a), "l"(b), "r"(int(accumulate)))
+
+// d (64 x 32, F32) (+)= a (64 x 16, registers, A fragments) * b (16 x 32, shared memory).
+template <typename T, bool TransB>
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
+                                                   bool accumulate) {
+#ifdef HONE_HOPPER_IMAGE
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    HONE_WGMMA_N32_RS("bf16");
+  else
+    HONE_WGMMA_N32_RS("f16");
+#endif
+}
+
+// d (64 x 32, F32) (+)= a (64 x 16) * b (16 x 32), both from shared memory.
+template <typename T, bool TransA, bool TransB>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
+#ifdef HONE_HOPPER_IMAGE
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    HONE_WGMMA_N32_SS("bf16");
+  else
+    HONE_WGMMA_N32_SS("f16");
+#endif
+}
 
 // d (64 x 64, F32) (+)= a (64 x 16, registers, A fragments) * b (16 x 64, shared memory).
 // TransB: b is MN-major (its rows are K). accumulate = false overwrites d.
@@ -223,6 +294,26 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, 
 #endif
 }
 
+// One head tile panel's product, N = Cols (32 or 64): d holds Cols / 2 accumulators.
+template <typename T, int Cols, bool TransB>
+__device__ __forceinline__ void wgmma_panel_rs(float* d, const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  if constexpr (Cols == 32)
+    wgmma_m64n32k16_rs<T, TransB>(*reinterpret_cast<float(*)[16]>(d), a, b, accumulate);
+  else
+    wgmma_m64n64k16_rs<T, TransB>(*reinterpret_cast<float(*)[32]>(d), a, b, accumulate);
+}
+template <typename T, int Cols, bool TransA, bool TransB>
+__device__ __forceinline__ void wgmma_panel_ss(float* d, uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (Cols == 32)
+    wgmma_m64n32k16_ss<T, TransA, TransB>(*reinterpret_cast<float(*)[16]>(d), a, b, accumulate);
+  else
+    wgmma_m64n64k16_ss<T, TransA, TransB>(*reinterpret_cast<float(*)[32]>(d), a, b, accumulate);
+}
+
+#undef HONE_WGMMA_N32_RS
+#undef HONE_WGMMA_N32_SS
+#undef HONE_ACC16
+#undef HONE_REGS16
 #undef HONE_WGMMA_N128_SS
 #undef HONE_WGMMA_N64_RS
 #undef HONE_WGMMA_N64_SS

@@ -260,8 +260,8 @@ std::string device_report(int dev) {
       hopper = cuda::flash::hopper_kernels_present();
       cudaSetDevice(previous);
     }
-    out += hopper ? "  attention: Hopper's wgmma/TMA kernels for head size 64 (sm_90a machine code), the mma.sync "
-                    "ones for 16, 32 and 128\n"
+    out += hopper ? "  attention: Hopper's wgmma/TMA kernels for head sizes 32, 64 and 128 (sm_90a machine code), the "
+                    "mma.sync ones for 16\n"
                   : "  attention: the mma.sync kernels only: this binary has no sm_90a image for Hopper's wgmma/TMA "
                     "kernels (build with -DCMAKE_CUDA_ARCHITECTURES=90a)\n";
   }

@@ -4,11 +4,11 @@
 // holes, odd lengths, rows whose every key is masked, and dropout, whose masks must be the
 // CPU's element for element (another mask would move outputs by tens of percent). Each
 // case runs on both of hone's kernel sets: the default (Hopper's wgmma/TMA kernels for head
-// size 64 on a 9.0 GPU) and HONE_ATTENTION=flash2 (the mma.sync ones everywhere). Sliding
+// sizes 32, 64 and 128 on a 9.0 GPU) and HONE_ATTENTION=flash2 (the mma.sync ones everywhere). Sliding
 // windows (ModernBERT's local attention) in the padded and the packed forward, and under
 // HONE_ATTENTION=cudnn, which hands windowed calls to hone's kernels. Packed training
-// against the padded batch, bit for bit. Then the time of
-// forward and backward at BERT-large's shape against cuDNN's fused attention and a dense
+// against the padded batch, bit for bit. Then the time of forward and backward at
+// BERT-large's shape (and at head sizes 32 and 128) against cuDNN's fused attention and a dense
 // cuBLASLt product, printed only, and a windowed 8192-token sequence against full
 // attention, which it must beat by far.
 #include <cuda_runtime.h>
@@ -610,13 +610,13 @@ TEST_F(FlashAttention, PackedInferenceSpeedAtVariedLengths) {
   }
 }
 
-// BERT-large's attention, B = 32, S = 512, 16 heads of 64, bf16: forward and backward in
-// TFLOP/s (4 B heads S^2 d for forward, 2.5 times that for backward), ours against cuDNN's,
-// and a dense bf16 product for the scale. Printed, never asserted.
-TEST_F(FlashAttention, BertLargeSpeed) {
-  const AttentionDims d{32, 512, 16, 64, 0.125f};
+// Attention at B = 32, S = 512, bf16, forward and backward in TFLOP/s (4 B heads S^2 d for
+// forward, 2.5 times that for backward): hone's kernels (Hopper's on a 9.0 GPU), their
+// mma.sync set and cuDNN's. Printed, never asserted.
+void print_attention_speed(Backend& gpu, const AttentionDims& d) {
   const int64_t T = int64_t(d.batch) * d.seq, H = d.hidden();
   const double fwd_flops = 4.0 * d.batch * d.heads * double(d.seq) * d.seq * d.head_dim, bwd_flops = 2.5 * fwd_flops;
+  std::printf("  %d heads of %d:\n", d.heads, d.head_dim);
   const auto measure = [&](Backend& be, const char* name) {
     DeviceTensor q(be, DType::BF16, Shape{T, 3 * H}), m(be, DType::I32, Shape{d.batch, d.seq}),
         g(be, DType::BF16, Shape{T, H}), stats(be, DType::F32, Shape{d.batch, d.heads, d.seq, 2}),
@@ -637,9 +637,9 @@ TEST_F(FlashAttention, BertLargeSpeed) {
                   fwd_flops / f / 1e9, b, bwd_flops / b / 1e9);
     }
   };
-  measure(gpu(), "flash");
+  measure(gpu, "flash");
   setenv("HONE_ATTENTION", "flash2", 1);
-  measure(gpu(), "flash2");
+  measure(gpu, "flash2");
   unsetenv("HONE_ATTENTION");
 #ifdef HONE_HAVE_CUDNN
   setenv("HONE_ATTENTION", "cudnn", 1);
@@ -647,6 +647,17 @@ TEST_F(FlashAttention, BertLargeSpeed) {
   unsetenv("HONE_ATTENTION");
   measure(*cudnn, "cuDNN");
 #endif
+}
+
+// The other head sizes at the same hidden size (1024): MiniLM's 32, and 128.
+TEST_F(FlashAttention, HeadSizeSpeed) {
+  for (int head_dim : {32, 128})
+    print_attention_speed(gpu(), {32, 512, 1024 / head_dim, head_dim, 1.0f / std::sqrt(float(head_dim))});
+}
+
+// BERT-large's attention (16 heads of 64), and a dense bf16 product for the scale.
+TEST_F(FlashAttention, BertLargeSpeed) {
+  print_attention_speed(gpu(), {32, 512, 16, 64, 0.125f});
   constexpr int64_t N = 8192;  // y = x w^T, 2 N^3 flops
   DeviceTensor x(gpu(), DType::BF16, Shape{N, N}), w(gpu(), DType::BF16, Shape{N, N}), y(gpu(), DType::BF16, Shape{N, N});
   x.upload(uniform(N * N, 3, -1.0f, 1.0f));
