@@ -77,6 +77,65 @@ struct BwdSmem {
   static constexpr size_t kBytes = kBars + (2 * kKVBuffers + 2 * kStages) * 8 + 1024;  // + alignment slack
 };
 
+// What block_grads needs of a consumer lane: its keys key_a and key_a + 8 (kinds as
+// key_kind), the block's first query q0 and its stats, D and keep bits in shared memory,
+// and where its dS^T rows go.
+struct GradTile {
+  float scale_log2, keep_scale;
+  int window, kind_a, kind_b, key_a, q0;
+  const float2* stats;  // [64] {max, 1 / sum}
+  const float* dots;    // [64] D
+  const uint32_t* bits;  // the lane's keep bits of query q: bits[4 q] >> bit
+  int bit;
+  unsigned char* ds;  // dS^T [64 keys][64 queries], 128-byte swizzled
+  int row, t;         // the lane's dS^T rows: row, row + 8; its query pair within each 8: 2 t
+};
+
+// s (S^T: 16 keys of this warp by the block's 64 queries, accumulator layout) becomes P'^T
+// and dp (dP^T) becomes dS^T, also written to g.ds as bf16/fp16. Edge (a tile crossing a
+// window's edge) runs backward_tile per element; elsewhere each key's kind is one bias
+// added by the score's FFMA and dropout a template argument, so the pass, which the
+// latency-bound kernel issues from two warps a scheduler, carries no per-element selects.
+// Both give the same bits: fmaf(s, scale, 0) rounds s scale once, and fmaf(s, scale,
+// -FLT_MAX or -inf) is the masked score itself.
+template <typename T, bool Dropping, bool Edge>
+__device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], const GradTile& g) {
+  const auto bias = [](int kind) { return kind > 0 ? 0.0f : kind == 0 ? -FLT_MAX : -INFINITY; };
+  const float bias_a = bias(g.kind_a), bias_b = bias(g.kind_b);
+#pragma unroll
+  for (int nt = 0; nt < kQueries / 8; ++nt) {
+    const int qc = nt * 8 + 2 * g.t;
+    const float4 st = *reinterpret_cast<const float4*>(g.stats + qc);  // queries qc and qc + 1
+    const float2 dot = *reinterpret_cast<const float2*>(g.dots + qc);
+    uint32_t w0 = 0, w1 = 0;
+    if constexpr (Dropping) w0 = g.bits[qc * 4] >> g.bit, w1 = g.bits[(qc + 1) * 4] >> g.bit;
+    float(&sv)[4] = *reinterpret_cast<float(*)[4]>(s + 4 * nt);
+    float(&dv)[4] = *reinterpret_cast<float(*)[4]>(dp + 4 * nt);
+    if constexpr (Edge) {
+      backward_tile(sv, dv, g.kind_a, g.kind_b, g.scale_log2, st, dot, Dropping, w0, w1, g.keep_scale,
+                    outside_bits(g.window, g.key_a, g.q0 + qc));
+    } else {
+      const uint32_t keep[4] = {w0, w1, w0 >> 8, w1 >> 8};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2_approx(fmaf(sv[e], g.scale_log2, e < 2 ? bias_a : bias_b) - (e & 1 ? st.z : st.x)) *
+                        (e & 1 ? st.w : st.y);
+        const float d = e & 1 ? dot.y : dot.x;
+        if constexpr (Dropping) {
+          const bool kept = keep[e] & 1u;
+          dv[e] = p * ((kept ? dv[e] * g.keep_scale : 0.0f) - d);
+          sv[e] = kept ? p * g.keep_scale : 0.0f;
+        } else {  // keep_scale is 1
+          dv[e] = p * (dv[e] - d);
+          sv[e] = p;
+        }
+      }
+    }
+    *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row, nt) + 4 * g.t) = pack<T>(dv[0], dv[1]);
+    *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row + 8, nt) + 4 * g.t) = pack<T>(dv[2], dv[3]);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsBwd, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dctx_map,
@@ -267,20 +326,12 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       // This warp's 16 keys against the block's queries (the test per element is per warp).
       const bool edge = crosses_window(a.window, key0 + row_in_tile, key0 + row_in_tile + 15, qb * kQueries,
                                        qb * kQueries + kQueries - 1);
-#pragma unroll
-      for (int nt = 0; nt < kQueries / 8; ++nt) {
-        const int qc = nt * 8 + 2 * t;
-        const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
-        const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
-        uint32_t w0 = 0, w1 = 0;
-        if (dropping) w0 = bits[qc * 4 + bit_word] >> bit_a, w1 = bits[(qc + 1) * 4 + bit_word] >> bit_a;
-        backward_tile(*reinterpret_cast<float(*)[4]>(s + 4 * nt), *reinterpret_cast<float(*)[4]>(dp + 4 * nt), kind_a,
-                      kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale,
-                      edge ? outside_bits(a.window, key_a, qb * kQueries + qc) : 0u);
-        const int r = wq * 16 + g;  // dS^T rows are keys, 128-byte swizzled, 2 queries a word
-        *reinterpret_cast<uint32_t*>(ds_s + swizzled(r, nt) + 4 * t) = pack<T>(dp[4 * nt], dp[4 * nt + 1]);
-        *reinterpret_cast<uint32_t*>(ds_s + swizzled(r + 8, nt) + 4 * t) = pack<T>(dp[4 * nt + 2], dp[4 * nt + 3]);
-      }
+      const GradTile gt{a.scale_log2, a.keep_scale, a.window, kind_a, kind_b, key_a, qb * kQueries, stats, dots,
+                        bits + bit_word, bit_a, ds_s, wq * 16 + g, t};
+      if (edge)
+        dropping ? block_grads<T, true, true>(s, dp, gt) : block_grads<T, false, true>(s, dp, gt);
+      else
+        dropping ? block_grads<T, true, false>(s, dp, gt) : block_grads<T, false, false>(s, dp, gt);
 
       // dV += P'^T dO and dK += dS^T Q: the accumulator tiles, two by two, are A fragments of 16 queries.
       uint32_t pa[kQueries / 16][4], da[kQueries / 16][4];
