@@ -8,6 +8,8 @@
 // attended key only write their zero gradients. With a window, only the query tiles that
 // hold a query within it of one of the CTA's keys are walked, and the tiles that cross its
 // edge give the elements outside it no weight.
+#include <type_traits>
+
 #include "cuda/check.h"
 #include "cuda/flash_kernels.h"
 
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
   const int key_a = key0 + warp * 16 + g, key_b = key_a + 8;  // this lane's two keys
   const int32_t* mask_row = a.row_start ? nullptr : a.mask + seq_row0;
   const int kind_a = key_kind(mask_row, key_a, len), kind_b = key_kind(mask_row, key_b, len);
+  const float bias_a = kind_bias(kind_a), bias_b = kind_bias(kind_b);
   const bool dropping = a.drop.p > 0.0f;
   const int keep_word = key_a >> 5, keep_bit = key_a & 31;  // key_b's bit is 8 higher, in the same word
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
@@ -114,23 +117,34 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(BackwardArgs a) {
     }
 
     // s becomes P'^T (for dV), dp becomes dS^T (for dK, and through shared memory for dQ).
-    const bool edge = crosses_window(a.window, key0, key0 + Bc - 1, tile * Br, tile * Br + Br - 1);
+    const auto grads = [&](auto dropping_c, auto edge_c) {
+      constexpr bool kDropping = decltype(dropping_c)::value, kEdge = decltype(edge_c)::value;
 #pragma unroll
-    for (int nt = 0; nt < Br / 8; ++nt) {
-      const int qc = nt * 8 + 2 * t;
-      const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
-      const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
-      uint32_t w0 = 0, w1 = 0;
-      if (dropping) {
-        const int q = tile * Br + qc;
-        w0 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q) + keep_word) >> keep_bit;
-        w1 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q + 1) + keep_word) >> keep_bit;
+      for (int nt = 0; nt < Br / 8; ++nt) {
+        const int qc = nt * 8 + 2 * t;
+        const float4 st = *reinterpret_cast<const float4*>(stats + qc);  // queries qc and qc + 1
+        const float2 dot = *reinterpret_cast<const float2*>(dots + qc);
+        uint32_t w0 = 0, w1 = 0;
+        if constexpr (kDropping) {
+          const int q = tile * Br + qc;
+          w0 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q) + keep_word) >> keep_bit;
+          w1 = __ldg(keep_row(a.keep_bits, a.keep_words, bh, S, q + 1) + keep_word) >> keep_bit;
+        }
+        if constexpr (kEdge)
+          backward_tile(s[nt], dp[nt], kind_a, kind_b, a.scale_log2, st, dot, kDropping, w0, w1, a.keep_scale,
+                        outside_bits(a.window, key_a, tile * Br + qc));
+        else
+          backward_tile_off_edge<kDropping>(s[nt], dp[nt], bias_a, bias_b, a.scale_log2, st, dot, w0, w1,
+                                            a.keep_scale);
+        *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g) * LDS + qc) = pack<T>(dp[nt][0], dp[nt][1]);
+        *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g + 8) * LDS + qc) = pack<T>(dp[nt][2], dp[nt][3]);
       }
-      backward_tile(s[nt], dp[nt], kind_a, kind_b, a.scale_log2, st, dot, dropping, w0, w1, a.keep_scale,
-                    edge ? outside_bits(a.window, key_a, tile * Br + qc) : 0u);
-      *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g) * LDS + qc) = pack<T>(dp[nt][0], dp[nt][1]);
-      *reinterpret_cast<uint32_t*>(sDS + (warp * 16 + g + 8) * LDS + qc) = pack<T>(dp[nt][2], dp[nt][3]);
-    }
+    };
+    using std::false_type, std::true_type;
+    if (crosses_window(a.window, key0, key0 + Bc - 1, tile * Br, tile * Br + Br - 1))
+      dropping ? grads(true_type{}, true_type{}) : grads(false_type{}, true_type{});
+    else
+      dropping ? grads(true_type{}, false_type{}) : grads(false_type{}, false_type{});
 
     // dV += P'^T dO and dK += dS^T Q: the accumulator tiles, two by two, are A fragments of 16 queries.
 #pragma unroll

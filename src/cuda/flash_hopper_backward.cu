@@ -92,16 +92,11 @@ struct GradTile {
 };
 
 // s (S^T: 16 keys of this warp by the block's 64 queries, accumulator layout) becomes P'^T
-// and dp (dP^T) becomes dS^T, also written to g.ds as bf16/fp16. Edge (a tile crossing a
-// window's edge) runs backward_tile per element; elsewhere each key's kind is one bias
-// added by the score's FFMA and dropout a template argument, so the pass, which the
-// latency-bound kernel issues from two warps a scheduler, carries no per-element selects.
-// Both give the same bits: fmaf(s, scale, 0) rounds s scale once, and fmaf(s, scale,
-// -FLT_MAX or -inf) is the masked score itself.
+// and dp (dP^T) becomes dS^T, also written to g.ds as bf16/fp16: backward_tile on a tile
+// that crosses a window's edge, backward_tile_off_edge elsewhere.
 template <typename T, bool Dropping, bool Edge>
 __device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], const GradTile& g) {
-  const auto bias = [](int kind) { return kind > 0 ? 0.0f : kind == 0 ? -FLT_MAX : -INFINITY; };
-  const float bias_a = bias(g.kind_a), bias_b = bias(g.kind_b);
+  const float bias_a = kind_bias(g.kind_a), bias_b = kind_bias(g.kind_b);
 #pragma unroll
   for (int nt = 0; nt < kQueries / 8; ++nt) {
     const int qc = nt * 8 + 2 * g.t;
@@ -111,26 +106,11 @@ __device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], con
     if constexpr (Dropping) w0 = g.bits[qc * 4] >> g.bit, w1 = g.bits[(qc + 1) * 4] >> g.bit;
     float(&sv)[4] = *reinterpret_cast<float(*)[4]>(s + 4 * nt);
     float(&dv)[4] = *reinterpret_cast<float(*)[4]>(dp + 4 * nt);
-    if constexpr (Edge) {
+    if constexpr (Edge)
       backward_tile(sv, dv, g.kind_a, g.kind_b, g.scale_log2, st, dot, Dropping, w0, w1, g.keep_scale,
                     outside_bits(g.window, g.key_a, g.q0 + qc));
-    } else {
-      const uint32_t keep[4] = {w0, w1, w0 >> 8, w1 >> 8};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2_approx(fmaf(sv[e], g.scale_log2, e < 2 ? bias_a : bias_b) - (e & 1 ? st.z : st.x)) *
-                        (e & 1 ? st.w : st.y);
-        const float d = e & 1 ? dot.y : dot.x;
-        if constexpr (Dropping) {
-          const bool kept = keep[e] & 1u;
-          dv[e] = p * ((kept ? dv[e] * g.keep_scale : 0.0f) - d);
-          sv[e] = kept ? p * g.keep_scale : 0.0f;
-        } else {  // keep_scale is 1
-          dv[e] = p * (dv[e] - d);
-          sv[e] = p;
-        }
-      }
-    }
+    else
+      backward_tile_off_edge<Dropping>(sv, dv, bias_a, bias_b, g.scale_log2, st, dot, w0, w1, g.keep_scale);
     *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row, nt) + 4 * g.t) = pack<T>(dv[0], dv[1]);
     *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row + 8, nt) + 4 * g.t) = pack<T>(dv[2], dv[3]);
   }

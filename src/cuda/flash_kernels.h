@@ -269,6 +269,34 @@ __device__ __forceinline__ void backward_tile(float (&s)[4], float (&dp)[4], int
                      keep_scale);
 }
 
+// backward_tile where no element of the tile crosses a window's edge, so that each key's
+// elements share its kind: the kind is a bias the score's FFMA adds (kind_bias) and
+// dropout a template argument, and no element takes a select (the backward kernels are
+// latency-bound, and the selects were most of their elementwise pass). Same bits as
+// backward_tile: fmaf(s, scale, 0) rounds s scale once, as the product does, and
+// fmaf(s, scale, -FLT_MAX or -inf) is the masked score itself.
+__device__ __forceinline__ float kind_bias(int kind) { return kind > 0 ? 0.0f : kind == 0 ? -FLT_MAX : -INFINITY; }
+template <bool Dropping>
+__device__ __forceinline__ void backward_tile_off_edge(float (&s)[4], float (&dp)[4], float bias_a, float bias_b,
+                                                       float scale_log2, float4 st, float2 dot, uint32_t keep_q0,
+                                                       uint32_t keep_q1, float keep_scale) {
+  const uint32_t keep[4] = {keep_q0, keep_q1, keep_q0 >> 8, keep_q1 >> 8};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float p =
+        exp2_approx(fmaf(s[e], scale_log2, e < 2 ? bias_a : bias_b) - (e & 1 ? st.z : st.x)) * (e & 1 ? st.w : st.y);
+    const float d = e & 1 ? dot.y : dot.x;
+    if constexpr (Dropping) {
+      const bool kept = keep[e] & 1u;
+      dp[e] = p * ((kept ? dp[e] * keep_scale : 0.0f) - d);
+      s[e] = kept ? p * keep_scale : 0.0f;
+    } else {  // keep_scale is 1
+      dp[e] = p * (dp[e] - d);
+      s[e] = p;
+    }
+  }
+}
+
 // The `outside` bits of backward_tile for keys key_a, key_a + 8 by queries q, q + 1.
 __device__ __forceinline__ uint32_t outside_bits(int window, int key_a, int q) {
   return uint32_t(outside_window(window, q, key_a)) | uint32_t(outside_window(window, q + 1, key_a)) << 1 |
