@@ -357,39 +357,34 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
           if (qz < len) red_add_f32x2(acc + int64_t(qz) * H + col, dq[4 * dt + 2], dq[4 * dt + 3]);
         }
       };
+      // Wide, warpgroup wg takes dQ's panel wg (64 columns) over all 128 keys of the tile,
+      // from both warpgroups' dS^T: one reduction per element and tile, and 32 accumulators.
+      // Either way dQ's product is issued behind dV and dK's.
+      float dq[L::kWide ? 32 : D / 2];
       if constexpr (L::kWide) {
-        // Warpgroup wg takes dQ's panel wg (64 columns) over all 128 keys of the tile, from
-        // both warpgroups' dS^T: one reduction per element and tile, and 32 accumulators,
-        // issued behind dV and dK's products.
-        float dq[32];
 #pragma unroll
         for (int kc = 0; kc < kKeys / 16; ++kc) {
           const unsigned char* ds = sDS + (2 * (kc / 4) + (q_iter & 1)) * kDsBytes + (kc % 4) * 16 * 128;
           wgmma_m64n64k16_ss<T, true, true>(dq, smem_descriptor(ds), KeyTile::mn_major(k_s, wg, kc * 16), kc > 0);
         }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(pa);
-        fence_registers(da);
-        fence_registers(dv);
-        fence_registers(dk);
-        fence_registers(dq);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(q_empty + stage);
-        reduce_dq(dq, wg * 64);
       } else {
-        float dq[D / 2];
 #pragma unroll
         for (int kc = 0; kc < 64 / 16; ++kc)
           wgmma_panel_ss<T, kCols, true, true>(dq, smem_descriptor(ds_s + kc * 16 * 128),
                                                KeyTile::mn_major(k_s, 0, wg * 64 + kc * 16), kc > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(pa);
-        fence_registers(da);
-        fence_registers(dv);
-        fence_registers(dk);
-        fence_registers(dq);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(pa);
+      fence_registers(da);
+      fence_registers(dv);
+      fence_registers(dk);
+      fence_registers(dq);
+      if constexpr (L::kWide) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty + stage);
+        reduce_dq(dq, wg * 64);
+      } else {
         // Both warpgroups' dQ parts are of the same 64 queries (over their own keys), in the
         // same fragment layout: one warpgroup, alternating by block, adds the other's part
         // from shared memory and reduces the sum into the F32 accumulator, half the global
