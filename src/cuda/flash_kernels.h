@@ -275,6 +275,8 @@ __device__ __forceinline__ void backward_tile(float (&s)[4], float (&dp)[4], int
 // latency-bound, and the selects were most of their elementwise pass). Same bits as
 // backward_tile: fmaf(s, scale, 0) rounds s scale once, as the product does, and
 // fmaf(s, scale, -FLT_MAX or -inf) is the masked score itself.
+// kind_bias: key_bias from a key_kind the kernel already holds. (key_bias written as
+// kind_bias(key_kind(...)) costs the forwards' producers 80-96 more instructions.)
 __device__ __forceinline__ float kind_bias(int kind) { return kind > 0 ? 0.0f : kind == 0 ? -FLT_MAX : -INFINITY; }
 template <bool Dropping>
 __device__ __forceinline__ void backward_tile_off_edge(float (&s)[4], float (&dp)[4], float bias_a, float bias_b,
