@@ -10,6 +10,18 @@
 #include "hone/philox.h"
 #include "hone/profile.h"
 
+// A hot CPU loop compiled three times, for AVX-512 (x86-64-v4), AVX2 with FMA (v3) and the
+// baseline, and the one this CPU runs picked when the library loads (GCC's target_clones):
+// the release build targets the baseline, whose 4-wide SSE leaves the divisions and
+// square roots of an optimizer's loop compute-bound on a few cores. The file must build
+// with -ffp-contract=off, so that the v3 and v4 copies fuse no multiply-add the baseline
+// does not, and every copy computes the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HONE_VECTOR_CLONES [[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]]
+#else
+#define HONE_VECTOR_CLONES
+#endif
+
 namespace hone::ops::detail {
 
 // Reports the op being dispatched to the backend's profiler, when one is attached; it
