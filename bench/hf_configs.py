@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The peer's HF Trainer bench with the configurations it lacks (fp16 fused, 8-bit AdamW,
-torchao's CPU-offload optimizer).
+torchao's CPU-offload optimizer, DeepSpeed's ZeRO-Offload).
 
 Usage: python3 bench/hf_configs.py HF_TRAINER_BENCH.py NAME            (one run; prints one JSON line)
        python3 bench/hf_configs.py HF_TRAINER_BENCH.py all OUTFILE [NAME...]
@@ -25,6 +25,8 @@ import os
 import subprocess
 import sys
 
+DS_OFFLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_offload.json")
+
 # HF's best settings (tf32 + fused AdamW) in fp16 too; bf16 has them in the peer's CONFIGS.
 # adamw8bit_bs4: bitsandbytes' 8-bit AdamW, beside the peer's adafactor_bs4 (needs bitsandbytes).
 EXTRA_CONFIGS = {
@@ -36,6 +38,12 @@ EXTRA_CONFIGS = {
     # torchao's CPUOffloadOptimizer around torch's fused AdamW (needs torchao): Trainer's
     # create_optimizer is replaced, since no --optim name builds it.
     "bf16_torchao_offload_bs4": dict(per_device_train_batch_size=4, bf16=True),
+    # DeepSpeed ZeRO-2 with the optimizer offloaded to the host (needs deepspeed): Trainer's
+    # --deepspeed with bench/ds_offload.json, the file hone's offloaded rows read; its
+    # optimizer block makes DeepSpeed update with its CPU Adam.
+    "bf16_ds_offload_bs4": dict(per_device_train_batch_size=4, bf16=True, deepspeed=DS_OFFLOAD),
+    "bf16_ds_offload_bs4x8": dict(per_device_train_batch_size=4, gradient_accumulation_steps=8, bf16=True,
+                                  deepspeed=DS_OFFLOAD),
 }
 TORCHAO_OFFLOAD = {"bf16_torchao_offload_bs4"}
 TANH = "_tanh"
@@ -77,6 +85,14 @@ def use_torchao_offload():
     transformers.Trainer.create_optimizer = create_optimizer
     print("hf_configs.py: Trainer's optimizer is torchao's CPUOffloadOptimizer(AdamW, fused)", file=sys.stderr,
           flush=True)
+
+
+def use_single_process_group():
+    """DeepSpeed starts a process group even on one GPU: give it a world of one, as its
+    launcher would, unless the environment already names one."""
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29511")):
+        os.environ.setdefault(key, value)
 
 
 def load_peer(path):
@@ -133,6 +149,8 @@ def main(argv):
             sys.exit(f"hf_configs.py: unknown configuration {cmd!r}; known: {list(peer.CONFIGS)}")
         if cmd in TORCHAO_OFFLOAD:
             use_torchao_offload()
+        if "deepspeed" in peer.CONFIGS.get(cmd, {}):
+            use_single_process_group()
         if cmd not in peer.CONFIGS:  # NAME_tanh: NAME's arguments, the tanh GELU
             use_tanh_gelu()
             peer.CONFIGS[cmd] = peer.CONFIGS[cmd[: -len(TANH)]]

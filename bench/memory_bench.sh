@@ -12,7 +12,7 @@
 #                  gradacc_bs1x4 gradckpt_bs1x4 gradckpt_selective_bs1x4 adafactor_bs4 combined_bs1x4
 #                  adamw8bit_bs4 bf16_bs32 bf16_ckpt_bs32 bf16_ckpt_selective_bs32
 #                  (not by default: bf16_bs4 offload_bf16_bs4 bf16_bs4x8 offload_bf16_bs4x8
-#                  offload_bf16_bs4_torchao)
+#                  offload_bf16_bs4_torchao offload_bf16_bs4_ds offload_bf16_bs4x8_ds)
 #                  (HF runs each distinct Trainer configuration once: the selective and bs32 rows share)
 #   MEM_N          samples (default 512, the seed's)
 #   HONE_TIMEOUT   seconds per hone run (default 180); HF_TIMEOUT the same for HF (default 300)
@@ -54,6 +54,10 @@ add bf16_bs4 bf16_bs4 "--per_device_train_batch_size 4 --bf16"
 add offload_bf16_bs4 bf16_bs4 "--per_device_train_batch_size 4 --bf16 --deepspeed bench/ds_offload.json"
 add bf16_bs4x8 bf16_bs4 "--per_device_train_batch_size 4 --gradient_accumulation_steps 8 --bf16"
 add offload_bf16_bs4x8 bf16_bs4 "--per_device_train_batch_size 4 --gradient_accumulation_steps 8 --bf16 --deepspeed bench/ds_offload.json"
+# The same offloaded runs against Trainer + DeepSpeed ZeRO-Offload with the same file (carry
+# deepspeed: its CPU Adam builds at first use, which the first such row pays).
+add offload_bf16_bs4_ds bf16_ds_offload_bs4 "--per_device_train_batch_size 4 --bf16 --deepspeed bench/ds_offload.json"
+add offload_bf16_bs4x8_ds bf16_ds_offload_bs4x8 "--per_device_train_batch_size 4 --gradient_accumulation_steps 8 --bf16 --deepspeed bench/ds_offload.json"
 # The same offloaded run against Trainer with torchao's CPU-offload optimizer (carry torchao).
 add offload_bf16_bs4_torchao bf16_torchao_offload_bs4 "--per_device_train_batch_size 4 --bf16 --offload_optimizer"
 configs=${CONFIGS:-gradacc_bs1x4 gradckpt_bs1x4 gradckpt_selective_bs1x4 adafactor_bs4 combined_bs1x4 adamw8bit_bs4 bf16_bs32 bf16_ckpt_bs32 bf16_ckpt_selective_bs32}
