@@ -223,15 +223,22 @@ __device__ __forceinline__ void fence_registers(uint32_t (&a)[N][4]) {
                : HONE_ACC32, HONE_ACC8(32), HONE_ACC8(40), HONE_ACC8(48), HONE_ACC8(56)                    \
                : "l"(a), "l"(b), "r"(int(accumulate)))
 
+// Expands one of the macros above with T's PTX type name (bf16 or f16): the asm string
+// must be a literal, so the type is chosen by T rather than passed as a value.
+#define HONE_WGMMA_TYPED(WGMMA)                  \
+  do {                                           \
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) \
+      WGMMA("bf16");                             \
+    else                                         \
+      WGMMA("f16");                              \
+  } while (0)
+
 // d (64 x 32, F32) (+)= a (64 x 16, registers, A fragments) * b (16 x 32, shared memory).
 template <typename T, bool TransB>
 __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b,
                                                    bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    HONE_WGMMA_N32_RS("bf16");
-  else
-    HONE_WGMMA_N32_RS("f16");
+  HONE_WGMMA_TYPED(HONE_WGMMA_N32_RS);
 #endif
 }
 
@@ -239,10 +246,7 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float (&d)[16], const uint32_
 template <typename T, bool TransA, bool TransB>
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a, uint64_t b, bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    HONE_WGMMA_N32_SS("bf16");
-  else
-    HONE_WGMMA_N32_SS("f16");
+  HONE_WGMMA_TYPED(HONE_WGMMA_N32_SS);
 #endif
 }
 
@@ -252,10 +256,7 @@ template <typename T, bool TransB>
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                                    bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    HONE_WGMMA_N64_RS("bf16");
-  else
-    HONE_WGMMA_N64_RS("f16");
+  HONE_WGMMA_TYPED(HONE_WGMMA_N64_RS);
 #endif
 }
 
@@ -264,10 +265,7 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const uint32_
 template <typename T, bool TransA, bool TransB>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t a, uint64_t b, bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    HONE_WGMMA_N64_SS("bf16");
-  else
-    HONE_WGMMA_N64_SS("f16");
+  HONE_WGMMA_TYPED(HONE_WGMMA_N64_SS);
 #endif
 }
 
@@ -276,10 +274,7 @@ template <typename T>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
                                                     bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    HONE_WGMMA_N128_RS("bf16");
-  else
-    HONE_WGMMA_N128_RS("f16");
+  HONE_WGMMA_TYPED(HONE_WGMMA_N128_RS);
 #endif
 }
 
@@ -287,10 +282,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 template <typename T>
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a, uint64_t b, bool accumulate) {
 #ifdef HONE_HOPPER_IMAGE
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    HONE_WGMMA_N128_SS("bf16");
-  else
-    HONE_WGMMA_N128_SS("f16");
+  HONE_WGMMA_TYPED(HONE_WGMMA_N128_SS);
 #endif
 }
 
@@ -310,6 +302,7 @@ __device__ __forceinline__ void wgmma_panel_ss(float* d, uint64_t a, uint64_t b,
     wgmma_m64n64k16_ss<T, TransA, TransB>(*reinterpret_cast<float(*)[32]>(d), a, b, accumulate);
 }
 
+#undef HONE_WGMMA_TYPED
 #undef HONE_WGMMA_N32_RS
 #undef HONE_WGMMA_N32_SS
 #undef HONE_ACC16
