@@ -1545,11 +1545,15 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
   // Past two pages (1024 floats), the second never touched (zero gradient and moments,
   // as a word embedding's unused rows): its moments are left alone, to the same bits, and
   // without weight decay its parameters too.
+  // The second moments span 2^-100 .. 2^50 and the steps give bias corrections from
+  // 0.04 to near 1, so that sqrt(v) / bias2_sqrt (a product in double there) meets many
+  // quotients and binades.
   const int n = 3003;
+  for (const int64_t step : {int64_t(2), int64_t(4), int64_t(1000)})
   for (const double wd : {0.01, 0.0})
   for (DType half_type : {DType::F32, DType::BF16, DType::F16}) {
     HostTensor p = random({n}, 3), g = random({n}, 4), m = random({n}, 5), v = random({n}, 6);
-    for (int i = 0; i < n; ++i) v.f()[i] = std::abs(v.f()[i]);
+    for (int i = 0; i < n; ++i) v.f()[i] = std::ldexp(std::abs(v.f()[i]), i % 151 - 100);
     for (int i = 1024; i < 2048; ++i) g.f()[i] = m.f()[i] = v.f()[i] = 0.0f;
     g.f()[7] = std::numeric_limits<float>::quiet_NaN();
     const std::vector<float> p0(p.f(), p.f() + n), g0(g.f(), g.f() + n), m0(m.f(), m.f() + n), v0(v.f(), v.f() + n);
@@ -1557,7 +1561,7 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
     const bool with_half = half_type != DType::F32;
     AdamWSlice slice{p.t, g.t, m.t, v.t, wd, with_half ? Tensor{half.data(), half_type, {n}, Device::CPU} : Tensor{}};
     HostTensor coef = test::norm_coef(0.8f);
-    const AdamWStep s{.lr = 1e-3, .weight_decay = 0.01, .step = 4};
+    const AdamWStep s{.lr = 1e-3, .weight_decay = 0.01, .step = step};
     ops::adamw(be, &slice, 1, s, coef.t);
     const AdamWScalars k = adamw_scalars(s);
     for (int i = 0; i < n; ++i) {
@@ -1567,7 +1571,8 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
       const float vi = v0[size_t(i)] * k.b2 + k.w2 * gi * gi;
       pi -= k.step_size * (mi / (std::sqrt(vi) / k.bias2_sqrt + k.eps));
       const auto bits = [](float x) { uint32_t b; std::memcpy(&b, &x, 4); return b; };
-      ASSERT_EQ(bits(p.f()[i]), bits(pi)) << dtype_name(half_type) << " weight decay " << wd << " " << i;
+      ASSERT_EQ(bits(p.f()[i]), bits(pi)) << dtype_name(half_type) << " weight decay " << wd << " step " << step
+                                          << " " << i;
       ASSERT_EQ(bits(m.f()[i]), bits(mi)) << i;
       ASSERT_EQ(bits(v.f()[i]), bits(vi)) << i;
       if (half_type == DType::BF16) {

@@ -191,8 +191,8 @@ bool untouched(const float* mp, const float* vp, int64_t n) { return all_zero(mp
 // `fresh`: the first step, whose moments are zero and are not read (the same values:
 // 0 + w1 (g - 0) and 0 b2 + w2 g^2), so that their pages are first met by a write.
 template <HalfCopy kind, bool fresh>
-HONE_VECTOR_CLONES void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t lo, int64_t hi, float clip,
-                 float decay, const AdamWScalars& k) {
+HONE_VECTOR_CLONES void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t lo,
+                                    int64_t hi, float clip, float decay, const AdamWScalars& k) {
   const float step_size = k.step_size, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
   // sqrt(v) / bias2_sqrt as a product in double, one division an element fewer: the exact
   // quotient of two floats lies at least 2^-49 (relatively) from a float rounding midpoint,
