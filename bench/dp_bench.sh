@@ -6,7 +6,10 @@
 # Environment: GPUS (default: all), SAMPLES_PER_GPU (default 4096), ZERO_STAGES (hone on N GPUs
 # at these ZeRO stages too, default "1 2"), ONE_GPU=0 (no single-GPU run), BATCH (per GPU,
 # default 32), HONE_FLAGS (more flags for hone, e.g. --gradient_checkpointing), TAG (a suffix
-# of the results' folder), SKIP_HF=1, HONE_COMMIT.
+# of the results' folder), SKIP_HF=1, HONE_COMMIT, HF_CONFIG (Trainer's configuration, from the
+# peer's script or bench/hf_configs.py, default bf16_fused_bs32), HF_ZERO_CONFIG (a Trainer +
+# DeepSpeed configuration run on N GPUs too, e.g. bf16_ds_zero2_ckpt_bs8; needs deepspeed),
+# HF_TIMEOUT (seconds a Trainer run may take, default 300).
 # Results in OUT_DIR/dp$TAG: <run>.log, <run>/train_results.json, hf_<n>.jsonl, env.txt, table.md.
 set -uo pipefail
 hf_script=${1:+$(realpath -m "$1")}
@@ -48,12 +51,16 @@ for spec in $runs; do
   [ $rc -eq 0 ] || tail -8 "$out/$run.log"
 done
 if [ -z "${SKIP_HF:-}" ]; then
-  for n in 1 "$gpus"; do
+  hf_runs="$gpus"; [ "${ONE_GPU:-1}" = 0 ] || hf_runs="1 $hf_runs"
+  [ -n "${HF_ZERO_CONFIG:-}" ] && hf_runs="$hf_runs ${gpus}z"
+  for spec in $hf_runs; do
+    n=${spec%z}
+    config=${HF_CONFIG:-bf16_fused_bs32}; [[ $spec == *z ]] && config=$HF_ZERO_CONFIG
     t0=$(now)
-    N_SAMPLES=$((per_gpu * n)) torchrun --nproc_per_node "$n" bench/hf_ddp.py "$hf_script" bf16_fused_bs32 \
-      >"$out/hf_$n.jsonl" 2>"$out/hf_$n.log"
-    echo "$(since "$t0")" >"$out/hf_$n.wall"
-    echo "hf_$n: $(since "$t0") s: $(grep -oE '"train_samples_per_second": [0-9.]+' "$out/hf_$n.jsonl")"
+    N_SAMPLES=$((per_gpu * n)) timeout "${HF_TIMEOUT:-300}" torchrun --nproc_per_node "$n" bench/hf_ddp.py "$hf_script" "$config" \
+      >"$out/hf_$spec.jsonl" 2>"$out/hf_$spec.log"
+    echo "$(since "$t0")" >"$out/hf_$spec.wall"
+    echo "hf_$spec ($config): $(since "$t0") s: $(grep -oE '"train_samples_per_second": [0-9.]+' "$out/hf_$spec.jsonl")"
   done
 fi
 python3 - "$out" "$gpus" <<'PY' | tee "$out/table.md"
@@ -65,18 +72,28 @@ def hone(k):
 def hf(k):
     try: return json.loads([l for l in open(f"{out}/hf_{k}.jsonl") if l.startswith("{")][-1])
     except Exception: return None
-print("| run | GPUs | samples/s | per GPU | scaling efficiency | process s | GPU memory (MiB, NVML, rank 0's GPU) | planned (MiB, rank 0) | NCCL (MiB, measured) |")
-print("|---|---|---|---|---|---|---|---|---|")
-runs = [("hone", "hone_", hone, k, "gpu_memory_after_train_mb") for k in ["1", str(n)]]
-runs += [("hone, ZeRO stage " + d.split("z")[1], "hone_", hone, d[5:], "gpu_memory_after_train_mb")
+def process_mb(r, start):  # what the run's processes hold on rank 0's GPU: NVML's used less used at start
+    return r.get("gpu_memory_process_mb") if start is None else r.get("nvml_after_train_mb", 0) - r[start]
+print("| run | GPUs | samples/s | per GPU | scaling efficiency | process s | GPU memory (MiB, NVML used, rank 0's GPU) "
+      "| process memory (MiB) | memory / plain DP | planned (MiB, rank 0) | NCCL (MiB, measured) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+runs = [("hone", "hone_", hone, k, "gpu_memory_after_train_mb", None) for k in ["1", str(n)]]
+runs += [("hone, ZeRO stage " + d.split("z")[1], "hone_", hone, d[5:], "gpu_memory_after_train_mb", None)
          for d in sorted(os.listdir(out)) if d.startswith(f"hone_{n}z") and os.path.isdir(f"{out}/{d}")]
-runs += [("Trainer (DDP)", "hf_", hf, k, "nvml_after_train_mb") for k in ["1", str(n)]]
-for name, prefix, get, k, mem in runs:
-    gpus = int(k.split("z")[0])
+runs += [("Trainer (DDP)", "hf_", hf, k, "nvml_after_train_mb", "nvml_start_mb") for k in ["1", str(n)]]
+runs += [("Trainer + DeepSpeed (" + (hf(f"{n}z") or {}).get("name", "") + ")", "hf_", hf, f"{n}z",
+          "nvml_after_train_mb", "nvml_start_mb")]
+for name, prefix, get, k, mem, start in runs:
+    gpus = int(k.rstrip("z").split("z")[0])
     r, one = get(k), get("1")
-    if not r: print(f"| {name} | {gpus} | failed | | | | | | |"); continue
+    if not os.path.exists(f"{out}/{prefix}{k}.wall"): continue
+    if not r: print(f"| {name} | {gpus} | failed | | | | | | | | |"); continue
     sps = r["train_samples_per_second"]
-    eff = sps / gpus / one["train_samples_per_second"] if one else float("nan")
+    eff = f"{100 * sps / gpus / one['train_samples_per_second']:.1f}%" if one else ""
     wall = open(f"{out}/{prefix}{k}.wall").read().strip()
-    print(f"| {name} | {gpus} | {sps:.1f} | {sps / gpus:.1f} | {100 * eff:.1f}% | {wall} | {r.get(mem, '')} | {r.get('planned_mb', '')} | {r.get('communicator_mb', '')} |")
+    proc = process_mb(r, start)
+    plain = get(str(n)) if gpus == n else None
+    ratio = f"{proc / process_mb(plain, start):.3f}" if plain and proc and process_mb(plain, start) else ""
+    print(f"| {name} | {gpus} | {sps:.1f} | {sps / gpus:.1f} | {eff} | {wall} | {r.get(mem, '')} | {proc or ''} | {ratio} "
+          f"| {r.get('planned_mb', '')} | {r.get('communicator_mb', '')} |")
 PY

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The peer's HF Trainer bench with the configurations it lacks (fp16 fused, 8-bit AdamW,
-torchao's CPU-offload optimizer, DeepSpeed's ZeRO-Offload).
+torchao's CPU-offload optimizer, DeepSpeed's ZeRO-Offload and ZeRO-2, gradient checkpointing at batch 8).
 
 Usage: python3 bench/hf_configs.py HF_TRAINER_BENCH.py NAME            (one run; prints one JSON line)
        python3 bench/hf_configs.py HF_TRAINER_BENCH.py all OUTFILE [NAME...]
@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 DS_OFFLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_offload.json")
+DS_ZERO2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_zero2.json")
 
 # HF's best settings (tf32 + fused AdamW) in fp16 too; bf16 has them in the peer's CONFIGS.
 # adamw8bit_bs4: bitsandbytes' 8-bit AdamW, beside the peer's adafactor_bs4 (needs bitsandbytes).
@@ -44,6 +45,12 @@ EXTRA_CONFIGS = {
     "bf16_ds_offload_bs4": dict(per_device_train_batch_size=4, bf16=True, deepspeed=DS_OFFLOAD),
     "bf16_ds_offload_bs4x8": dict(per_device_train_batch_size=4, gradient_accumulation_steps=8, bf16=True,
                                   deepspeed=DS_OFFLOAD),
+    # Data parallel where the model's state is most of the memory (bench/dp_bench.sh, torchrun):
+    # DDP, and DeepSpeed ZeRO-2 (bench/ds_zero2.json; Trainer's fused AdamW on the shards).
+    "bf16_fused_ckpt_bs8": dict(per_device_train_batch_size=8, bf16=True, tf32=True, optim="adamw_torch_fused",
+                                gradient_checkpointing=True),
+    "bf16_ds_zero2_ckpt_bs8": dict(per_device_train_batch_size=8, bf16=True, tf32=True, optim="adamw_torch_fused",
+                                   gradient_checkpointing=True, deepspeed=DS_ZERO2),
 }
 TORCHAO_OFFLOAD = {"bf16_torchao_offload_bs4"}
 TANH = "_tanh"
