@@ -1,6 +1,6 @@
-// Two GPUs, two ranks over NCCL (hone launch): the losses of one GPU training the global
-// batch, in fp32 (within the rounding of the reduction's order) and in bf16. Skips with
-// fewer than two GPUs or without NCCL.
+// Two (and four) GPUs, a rank each over NCCL (hone launch): the losses of one GPU training
+// the global batch, in fp32 (within the rounding of the reduction's order) and in bf16.
+// Skips with fewer GPUs or without NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,25 +23,27 @@ int gpus() {
   return r.code == 0 ? std::atoi(r.out.c_str()) : 0;
 }
 
-// Whether two GPUs and NCCL are here (and, with mixed, bf16); else why not.
-bool two_gpus(std::string* why, bool mixed = false) {
+// Whether n GPUs and NCCL are here (and, with mixed, bf16); else why not.
+bool enough_gpus(int n, std::string* why, bool mixed = false) {
   if (!cuda_available(why)) return false;
   if (mixed && !mixed_precision_available(why)) return false;
   if (!have_nccl()) {
     *why = "this build has no NCCL";
     return false;
   }
-  if (gpus() < 2) {
-    *why = "fewer than two GPUs (" + std::to_string(gpus()) + ")";
+  if (gpus() < n) {
+    *why = "fewer than " + std::to_string(n) + " GPUs (" + std::to_string(gpus()) + ")";
     return false;
   }
   return true;
 }
+bool two_gpus(std::string* why, bool mixed = false) { return enough_gpus(2, why, mixed); }
 
-// ranks_flags: more flags for the two ranks, which take batches of 8 unless they say.
-void expect_two_gpus_equal_one(const std::string& precision, double tolerance, const std::string& ranks_flags = "") {
+// ranks_flags: more flags for the ranks, which share the global batch of 16 unless they say.
+void expect_ranks_equal_one(int ranks, const std::string& precision, double tolerance,
+                            const std::string& ranks_flags = "") {
   std::string why;
-  if (!two_gpus(&why)) GTEST_SKIP() << why;
+  if (!enough_gpus(ranks, &why)) GTEST_SKIP() << why;
   test::TempDir tmp;
   const std::string model = test::save_dropout_free_tiny_model(tmp.path + "/model", 64, 96);
   const std::string common = "--model_name_or_path " + model +
@@ -50,20 +52,24 @@ void expect_two_gpus_equal_one(const std::string& precision, double tolerance, c
   const test::CommandResult one =
       test::run_hone("train " + common + " --per_device_train_batch_size 16 --output_dir " + tmp.path + "/one");
   ASSERT_EQ(one.code, 0) << one.out;
-  const test::CommandResult two = test::run_command(std::string(HONE_BINARY) + " launch --nproc_per_node 2 train " +
-                                                    common +
-                                                    (ranks_flags.find("--per_device_train_batch_size") == std::string::npos
-                                                         ? " --per_device_train_batch_size 8 "
-                                                         : " ") +
-                                                    ranks_flags +
-                                                    " --output_dir " + tmp.path + "/two");
+  const std::string n = std::to_string(ranks);
+  const test::CommandResult two = test::run_command(
+      std::string(HONE_BINARY) + " launch --nproc_per_node " + n + " train " + common +
+      (ranks_flags.find("--per_device_train_batch_size") == std::string::npos
+           ? " --per_device_train_batch_size " + std::to_string(16 / ranks) + " "
+           : " ") +
+      ranks_flags + " --output_dir " + tmp.path + "/two");
   ASSERT_EQ(two.code, 0) << two.out;
-  EXPECT_NE(two.out.find("x 2 ranks (data parallel"), std::string::npos) << two.out;
+  EXPECT_NE(two.out.find("x " + n + " ranks (data parallel"), std::string::npos) << two.out;
   EXPECT_NE(two.out.find("nccl, started by torchrun)"), std::string::npos) << two.out;
   const std::vector<double> a = test::logged_losses(tmp.path + "/one"), b = test::logged_losses(tmp.path + "/two");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tolerance * std::abs(a[i])) << "step " << i + 1;
+}
+
+void expect_two_gpus_equal_one(const std::string& precision, double tolerance, const std::string& ranks_flags = "") {
+  expect_ranks_equal_one(2, precision, tolerance, ranks_flags);
 }
 
 TEST(DataParallelGpu, TwoGpusEqualOneWithTheGlobalBatchInFp32) { expect_two_gpus_equal_one("", 1e-4); }
@@ -89,6 +95,16 @@ TEST(DataParallelGpu, ZeroStage1And2EqualOneGpu) {
   // Each micro-step reduced in place into the owner's accumulated gradients.
   SCOPED_TRACE("stage 2 with accumulation");
   expect_two_gpus_equal_one("", 1e-4, "--zero_stage 2 --per_device_train_batch_size 4 --gradient_accumulation_steps 2");
+}
+
+// Four ranks: each owns a contiguous run of the parameter groups, a quarter of the bytes as
+// near as whole groups allow; every reduction and broadcast runs over four.
+TEST(DataParallelGpu, FourGpusEqualOneInPlainDataParallelAndZero) {
+  for (const char* flags : {"", "--zero_stage 1", "--zero_stage 2",
+                            "--zero_stage 2 --per_device_train_batch_size 2 --gradient_accumulation_steps 2"}) {
+    SCOPED_TRACE(flags);
+    expect_ranks_equal_one(4, "", 1e-4, flags);
+  }
 }
 
 // Under bf16 ZeRO shards the fp32 master weights too; stage 1 reduces as plain data
