@@ -54,4 +54,7 @@ struct Tensor {
   Tensor rows(int64_t begin, int64_t end) const;
 };
 
+// A tensor over host memory that the caller owns (a source or destination of copies).
+inline Tensor host_tensor(const void* p, DType t, Shape s) { return Tensor{const_cast<void*>(p), t, s, Device::CPU}; }
+
 }  // namespace hone
