@@ -72,18 +72,21 @@ def hone(k):
 def hf(k):
     try: return json.loads([l for l in open(f"{out}/hf_{k}.jsonl") if l.startswith("{")][-1])
     except Exception: return None
-def process_mb(r, start):  # what the run's processes hold on rank 0's GPU: NVML's used less used at start
-    return r.get("gpu_memory_process_mb") if start is None else r.get("nvml_after_train_mb", 0) - r[start]
+def process_mb(r, keys):  # what the run holds on rank 0's GPU: NVML's used after training less used at start
+    return r.get(keys[0], 0) - r.get(keys[1], r.get(keys[2], 0))
 print("| run | GPUs | samples/s | per GPU | scaling efficiency | process s | GPU memory (MiB, NVML used, rank 0's GPU) "
       "| process memory (MiB) | memory / plain DP | planned (MiB, rank 0) | NCCL (MiB, measured) |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-runs = [("hone", "hone_", hone, k, "gpu_memory_after_train_mb", None) for k in ["1", str(n)]]
-runs += [("hone, ZeRO stage " + d.split("z")[1], "hone_", hone, d[5:], "gpu_memory_after_train_mb", None)
+# (after training, at start, at start if the first is missing): hone reads its start before
+# its CUDA context; Trainer's wrapper before torch's (hf_ddp.py).
+HONE = ("gpu_memory_after_train_mb", "gpu_memory_start_mb", "gpu_memory_start_mb")
+TRAINER = ("nvml_after_train_mb", "nvml_before_context_mb", "nvml_start_mb")
+runs = [("hone", "hone_", hone, k, HONE) for k in ["1", str(n)]]
+runs += [("hone, ZeRO stage " + d.split("z")[1], "hone_", hone, d[5:], HONE)
          for d in sorted(os.listdir(out)) if d.startswith(f"hone_{n}z") and os.path.isdir(f"{out}/{d}")]
-runs += [("Trainer (DDP)", "hf_", hf, k, "nvml_after_train_mb", "nvml_start_mb") for k in ["1", str(n)]]
-runs += [("Trainer + DeepSpeed (" + (hf(f"{n}z") or {}).get("name", "") + ")", "hf_", hf, f"{n}z",
-          "nvml_after_train_mb", "nvml_start_mb")]
-for name, prefix, get, k, mem, start in runs:
+runs += [("Trainer (DDP)", "hf_", hf, k, TRAINER) for k in ["1", str(n)]]
+runs += [("Trainer + DeepSpeed (" + (hf(f"{n}z") or {}).get("name", "") + ")", "hf_", hf, f"{n}z", TRAINER)]
+for name, prefix, get, k, keys in runs:
     gpus = int(k.rstrip("z").split("z")[0])
     r, one = get(k), get("1")
     if not os.path.exists(f"{out}/{prefix}{k}.wall"): continue
@@ -91,9 +94,9 @@ for name, prefix, get, k, mem, start in runs:
     sps = r["train_samples_per_second"]
     eff = f"{100 * sps / gpus / one['train_samples_per_second']:.1f}%" if one else ""
     wall = open(f"{out}/{prefix}{k}.wall").read().strip()
-    proc = process_mb(r, start)
+    proc = process_mb(r, keys)
     plain = get(str(n)) if gpus == n else None
-    ratio = f"{proc / process_mb(plain, start):.3f}" if plain and proc and process_mb(plain, start) else ""
-    print(f"| {name} | {gpus} | {sps:.1f} | {sps / gpus:.1f} | {eff} | {wall} | {r.get(mem, '')} | {proc or ''} | {ratio} "
+    ratio = f"{proc / process_mb(plain, keys):.3f}" if plain and proc and process_mb(plain, keys) else ""
+    print(f"| {name} | {gpus} | {sps:.1f} | {sps / gpus:.1f} | {eff} | {wall} | {r.get(keys[0], '')} | {proc or ''} | {ratio} "
           f"| {r.get('planned_mb', '')} | {r.get('communicator_mb', '')} |")
 PY
