@@ -37,8 +37,10 @@ with contextlib.redirect_stdout(printed):
     peer.run_one(sys.argv[2])
 if int(os.environ.get("RANK", "0")) == 0:  # one JSON line per run, rank 0's
     for line in printed.getvalue().splitlines():
-        if line.startswith("{"):
+        try:  # the peer's JSON line (Trainer prints its metrics as a Python dict, not JSON)
             record = json.loads(line)
             record["nvml_before_context_mb"] = before_context
             line = json.dumps(record)
+        except (json.JSONDecodeError, TypeError):
+            pass
         print(line, flush=True)
