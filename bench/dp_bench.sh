@@ -73,13 +73,13 @@ def hf(k):
     try: return json.loads([l for l in open(f"{out}/hf_{k}.jsonl") if l.startswith("{")][-1])
     except Exception: return None
 def process_mb(r, keys):  # what the run holds on rank 0's GPU: NVML's used after training less used at start
-    return r.get(keys[0], 0) - r.get(keys[1], r.get(keys[2], 0))
+    return r.get(keys[0], 0) - next((r[k] for k in keys[1:] if k in r), 0)
 print("| run | GPUs | samples/s | per GPU | scaling efficiency | process s | GPU memory (MiB, NVML used, rank 0's GPU) "
       "| process memory (MiB) | memory / plain DP | planned (MiB, rank 0) | NCCL (MiB, measured) |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-# (after training, at start, at start if the first is missing): hone reads its start before
-# its CUDA context; Trainer's wrapper before torch's (hf_ddp.py).
-HONE = ("gpu_memory_after_train_mb", "gpu_memory_start_mb", "gpu_memory_start_mb")
+# (used after training, then the readings at start, the first present taken): hone reads its
+# start before its CUDA context; Trainer's wrapper before torch's (hf_ddp.py).
+HONE = ("gpu_memory_after_train_mb", "gpu_memory_start_mb")
 TRAINER = ("nvml_after_train_mb", "nvml_before_context_mb", "nvml_start_mb")
 runs = [("hone", "hone_", hone, k, HONE) for k in ["1", str(n)]]
 runs += [("hone, ZeRO stage " + d.split("z")[1], "hone_", hone, d[5:], HONE)

@@ -25,8 +25,9 @@ import os
 import subprocess
 import sys
 
-DS_OFFLOAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_offload.json")
-DS_ZERO2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ds_zero2.json")
+BENCH = os.path.dirname(os.path.abspath(__file__))
+DS_OFFLOAD = os.path.join(BENCH, "ds_offload.json")
+DS_ZERO2 = os.path.join(BENCH, "ds_zero2.json")
 
 # HF's best settings (tf32 + fused AdamW) in fp16 too; bf16 has them in the peer's CONFIGS.
 # adamw8bit_bs4: bitsandbytes' 8-bit AdamW, beside the peer's adafactor_bs4 (needs bitsandbytes).

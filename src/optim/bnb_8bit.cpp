@@ -72,7 +72,7 @@ class Bnb8bit final : public Optimizer {
     bnb::dynamic_map(true, host_maps_.data());
     bnb::dynamic_map(false, host_maps_.data() + bnb::kMapSize);
     // host_maps_ outlives the copy, which may still be reading it when this returns.
-    ops::copy(be, Tensor{host_maps_.data(), DType::F32, qmaps_.shape, Device::CPU}, qmaps_);
+    ops::copy(be, host_tensor(host_maps_.data(), DType::F32, qmaps_.shape), qmaps_);
   }
 
   void scalars(double lr, int64_t step, float* out) const override {

@@ -112,7 +112,7 @@ void save_optimizer_state(const std::string& path, const std::string& dir, Train
   }
   std::vector<NamedTensor> named;
   for (size_t i = 0; i < state.size(); ++i)
-    named.push_back({state[i].name, Tensor{bytes[i].data(), state[i].tensor.dtype, shapes[i], Device::CPU}});
+    named.push_back({state[i].name, host_tensor(bytes[i].data(), state[i].tensor.dtype, shapes[i])});
   write_safetensors(path, named,
                     {{"format", "hone"},
                      {"optim", std::string(opt.name())},
@@ -316,7 +316,7 @@ void save_optimizer_share(const std::string& dir, TrainingRun& run) {
   std::vector<std::vector<std::byte>> bytes = host_state(run, state);
   std::vector<NamedTensor> named;
   for (size_t i = 0; i < state.size(); ++i)
-    named.push_back({state[i].name, Tensor{bytes[i].data(), state[i].tensor.dtype, state[i].tensor.shape, Device::CPU}});
+    named.push_back({state[i].name, host_tensor(bytes[i].data(), state[i].tensor.dtype, state[i].tensor.shape)});
   std::error_code ec;
   fs::create_directories(fs::path(dir).parent_path(), ec);  // before rank 0 has made it
   write_safetensors(share_path(dir, run.sharding().rank), named, {{"format", "hone"}});
