@@ -273,9 +273,12 @@ void run_forward(cudaStream_t stream, flash::ForwardArgs a, const Tensor& qkv, i
       if (use_hopper(d)) {
         // Packed, a tile that runs past a sequence's end reads the next one's rows (or TMA's
         // zeros past the last): their keys are masked and their queries' results not written.
-        const CUtensorMap map =
-            flash::hopper_tile_map(qkv.data, qkv.dtype == DType::BF16, T, 3 * d.hidden(), 128, std::min(D, 64));
-        flash::launch_hopper_forward<T16, D>(a, map, keep_bits_map(d, bits, 128), d.batch, sm_count(), stream);
+        const bool bf16 = qkv.dtype == DType::BF16;
+        constexpr int q_rows = flash::hopper_forward_rows(D);
+        const CUtensorMap map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * d.hidden(), 128, std::min(D, 64));
+        const CUtensorMap q_map = flash::hopper_tile_map(qkv.data, bf16, T, 3 * d.hidden(), q_rows, std::min(D, 64));
+        flash::launch_hopper_forward<T16, D>(a, map, q_map, keep_bits_map(d, bits, q_rows), d.batch, sm_count(),
+                                             stream);
         return;
       }
     }

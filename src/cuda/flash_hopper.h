@@ -27,11 +27,15 @@ CUtensorMap hopper_bits_map(const uint32_t* bits, int64_t rows, int words, int b
 // Whether the current GPU runs the kernels below: a 9.0 GPU and a binary with sm_90a code.
 bool hopper_kernels_present();
 
+// Query rows of the forward's tiles, 64 a consumer warpgroup: three groups up to head size
+// 64, two at 128, where Q and O fragments leave registers for no more.
+constexpr int hopper_forward_rows(int head_dim) { return head_dim <= 64 ? 192 : 128; }
 // sms: the number of persistent CTAs at most (one per SM).
-// qkv_map and bits_map (read only when a.drop.p > 0): boxes of 128 rows.
+// qkv_map: boxes of 128 rows (K, V); q_map and bits_map (read only when a.drop.p > 0):
+// boxes of hopper_forward_rows(D) rows.
 template <typename T, int D>
-void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
-                           int sms, cudaStream_t stream);
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& q_map,
+                           const CUtensorMap& bits_map, int batch, int sms, cudaStream_t stream);
 // qkv_map, dctx_map and bits_map: boxes of 64 rows. a.dq_accum as for launch_backward.
 template <typename T, int D>
 void launch_hopper_backward(const BackwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& dctx_map,

@@ -1,16 +1,20 @@
 // Flash attention forward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
-// persistent kernel, one CTA per SM, of two consumer warpgroups and a producer warpgroup
-// (one warp of it works; the group gives its registers to the consumers).
-// The producer streams each tile's Q (128 rows) and its key blocks (K and V, 128 keys)
-// through TMA into a ring of swizzled shared memory stages (HeadTile), with the key block's
-// mask bias beside them, and mbarriers hand stages back and forth. Each consumer warpgroup
-// owns 64 query rows: it keeps its Q fragments in registers and per key block issues
-// S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
-// memory), with the online softmax between them in registers. Dropout reads its keep bits,
-// drawn beforehand (keep_bits_kernel), through the same stages. With a window, producer and
-// consumers walk only the key blocks within it of the tile's rows, and the blocks that
-// cross its edge set the scores outside it to -inf. Same arguments and results as
-// flash_forward.cu (ForwardArgs), so the two are interchangeable.
+// persistent kernel, one CTA per SM, of consumer warpgroups (three up to head size 64, two
+// at 128: hopper_forward_rows) and a producer warpgroup (one warp of it works; the group
+// gives its registers to the consumers).
+// The producer streams each tile's Q (64 rows a consumer) and its key blocks (K and V, 128
+// keys) through TMA into a ring of swizzled shared memory stages (HeadTile), with the key
+// block's mask bias beside them, and mbarriers hand stages back and forth. Each consumer
+// warpgroup owns 64 query rows: it keeps its Q fragments in registers and per key block
+// issues S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
+// memory), with the online softmax between them in registers. A third group keeps the
+// tensor cores busy while the other two run their softmax (the exp2s of a block take about
+// as long as its two products at head size 64); a group whose rows are all past the
+// sequence only hands the stages on. Dropout reads its keep bits, drawn beforehand
+// (keep_bits_kernel), through the same stages. With a window, producer and consumers walk
+// only the key blocks within it of the tile's rows, and the blocks that cross its edge set
+// the scores outside it to -inf. Same arguments and results as flash_forward.cu
+// (ForwardArgs), so the two are interchangeable.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -25,27 +29,25 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kConsumers = 2;                       // warpgroups of 64 query rows
-constexpr int kRows = 64 * kConsumers;              // query rows per tile
-constexpr int kKeys = 128;                          // keys per block
-constexpr int kHopperThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-static_assert(kRows == kKeys, "Q and the key blocks share one TMA box");
+constexpr int kKeys = 128;  // keys per block
 
-// The key blocks that query tile qt of a sequence weighs (window_blocks); the producer and
-// the consumers walk the same ones.
+// The key blocks that query tile qt (of kRows rows) of a sequence weighs (window_blocks); the
+// producer and the consumers walk the same ones.
+template <int kRows>
 __device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const SequenceRows& rows, int qt) {
   const int first = qt * kRows, last = min(first + kRows, rows.len) - 1;
   return window_blocks(a.window, first, last, kKeys, (rows.keys + kKeys - 1) / kKeys);
 }
 
-template <int D>
+template <int D, int kRows>
 struct Smem {
   using Tile = HeadTile<D, kKeys>;
+  using QTile = HeadTile<D, kRows>;
   static constexpr int kTileBytes = Tile::kBytes;
   static constexpr int kStages = D == 128 ? 2 : 3;  // key blocks in flight (three of 128 x 128 exceed the SM)
   // [kRows][D] Q, then per stage [kKeys][D] K and V, all 1024-byte aligned.
   static constexpr size_t kQ = 0;
-  static constexpr size_t kK = kQ + kTileBytes;
+  static constexpr size_t kK = kQ + QTile::kBytes;
   static constexpr size_t kV = kK + size_t(kStages) * kTileBytes;
   static constexpr size_t kBias = kV + size_t(kStages) * kTileBytes;   // [kStages][kKeys] F32
   static constexpr size_t kBits = kBias + size_t(kStages) * kKeys * 4;  // [kStages][kRows][4] U32
@@ -54,13 +56,15 @@ struct Smem {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kHopperThreads, 1)
-    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap bits_map,
-                          ForwardArgs a, int batch) {
+__global__ void __launch_bounds__(hopper_forward_rows(D) + 128, 1)
+    hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap q_map,
+                          const __grid_constant__ CUtensorMap bits_map, ForwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
+  constexpr int kRows = hopper_forward_rows(D), kConsumers = kRows / 64;  // query rows per tile, warpgroups
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using L = Smem<D>;
+  using L = Smem<D, kRows>;
   using Tile = typename L::Tile;
+  using QTile = typename L::QTile;
   constexpr int kStages = L::kStages, kTileBytes = L::kTileBytes;
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   unsigned char* sQ = smem + L::kQ;
@@ -94,7 +98,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
   const bool packed = a.row_start != nullptr;
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
-    registers_decrease<40>();
+    registers_decrease<kConsumers == 3 ? 24 : 40>();
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -102,14 +106,14 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
       const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
       if (qt * kRows >= rows.len) continue;  // past a packed sequence's end (the consumers skip it too)
-      const BlockRange walk = key_walk(a, rows, qt);
+      const BlockRange walk = key_walk<kRows>(a, rows, qt);
       const int row0 = int(rows.first);
       const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
       mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
       if (lane == 0) {
-        mbar_arrive_expect_tx(q_full, kTileBytes);
-        for (int p = 0; p < Tile::kPanels; ++p)
-          tma_load_2d(sQ + p * Tile::kPanelBytes, &qkv_map, h * D + p * Tile::kCols, row0 + qt * kRows, q_full);
+        mbar_arrive_expect_tx(q_full, QTile::kBytes);
+        for (int p = 0; p < QTile::kPanels; ++p)
+          tma_load_2d(sQ + p * QTile::kPanelBytes, &q_map, h * D + p * QTile::kCols, row0 + qt * kRows, q_full);
       }
       for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
         const int stage = kv_iter % kStages;
@@ -138,7 +142,7 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     return;
   }
 
-  registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
+  registers_increase<kConsumers == 3 ? 160 : 232>();  // 128 x 24 + 384 x 160, 128 x 40 + 256 x 232 <= 64 Ki
   // A consumer: warpgroup wg, its warp wq holds rows 16 wq .. 16 wq + 15 of the group's 64.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
@@ -147,16 +151,27 @@ __global__ void __launch_bounds__(kHopperThreads, 1)
     const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
     if (qt * kRows >= rows.len) continue;
-    const BlockRange walk = key_walk(a, rows, qt);
+    const BlockRange walk = key_walk<kRows>(a, rows, qt);
     const int row_in_tile = wg * 64 + wq * 16;
     const int warp_row0 = qt * kRows + row_in_tile;
     const int q_row0 = warp_row0 + g;  // this lane's rows: q_row0 and q_row0 + 8
 
     mbar_wait(q_full, q_iter++ & 1);
+    if (qt * kRows + wg * 64 >= rows.len) {  // every row of the group is past the sequence: hand the stages on
+      __syncwarp();
+      if (lane == 0) mbar_arrive(q_empty);
+      for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
+        const int stage = kv_iter % kStages;
+        mbar_wait(kv_full + stage, (kv_iter / kStages) & 1);  // the stage's previous phase is over
+        __syncwarp();
+        if (lane == 0) mbar_arrive(kv_empty + stage);
+      }
+      continue;
+    }
     uint32_t qf[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      ldmatrix_x4(qf[kk], sQ + Tile::chunk(row_in_tile + (lane & 15), kk * 2 + (lane >> 4)));
+      ldmatrix_x4(qf[kk], sQ + QTile::chunk(row_in_tile + (lane & 15), kk * 2 + (lane >> 4)));
     __syncwarp();
     if (lane == 0) mbar_arrive(q_empty);
 
@@ -291,9 +306,10 @@ bool hopper_kernels_present() {
 }
 
 template <typename T, int D>
-void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& bits_map, int batch,
-                           int sms, cudaStream_t stream) {
-  constexpr size_t kBytes = Smem<D>::kBytes;
+void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, const CUtensorMap& q_map,
+                           const CUtensorMap& bits_map, int batch, int sms, cudaStream_t stream) {
+  constexpr int kRows = hopper_forward_rows(D);
+  constexpr size_t kBytes = Smem<D, kRows>::kBytes;
   static const bool smem_opted_in = [] {  // once per kernel; above 48 KiB needs the opt-in
     HONE_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          int(kBytes)));
@@ -301,13 +317,14 @@ void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, con
   }();
   (void)smem_opted_in;
   const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
-  hopper_forward_kernel<T, D><<<std::min(tiles, sms), kHopperThreads, kBytes, stream>>>(qkv_map, bits_map, a, batch);
+  hopper_forward_kernel<T, D>
+      <<<std::min(tiles, sms), kRows + 128, kBytes, stream>>>(qkv_map, q_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
 #define HONE_HOPPER_FORWARD(T, D)                                                                                  \
-  template void launch_hopper_forward<T, D>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&, int, int, \
-                                            cudaStream_t);
+  template void launch_hopper_forward<T, D>(const ForwardArgs&, const CUtensorMap&, const CUtensorMap&,            \
+                                            const CUtensorMap&, int, int, cudaStream_t);
 HONE_HOPPER_FORWARD(__nv_bfloat16, 32)
 HONE_HOPPER_FORWARD(__nv_bfloat16, 64)
 HONE_HOPPER_FORWARD(__nv_bfloat16, 128)
