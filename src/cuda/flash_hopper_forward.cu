@@ -31,6 +31,10 @@ using namespace hopper;
 
 constexpr int kKeys = 128;  // keys per block
 
+// Threads of the forward at head size D: 128 a consumer warpgroup (64 query rows), then the
+// producer warpgroup.
+constexpr int forward_threads(int D) { return 128 * (hopper_forward_rows(D) / 64 + 1); }
+
 // The key blocks that query tile qt (of kRows rows) of a sequence weighs (window_blocks); the
 // producer and the consumers walk the same ones.
 template <int kRows>
@@ -56,7 +60,7 @@ struct Smem {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(hopper_forward_rows(D) + 128, 1)
+__global__ void __launch_bounds__(forward_threads(D), 1)
     hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap q_map,
                           const __grid_constant__ CUtensorMap bits_map, ForwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
@@ -318,7 +322,7 @@ void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, con
   (void)smem_opted_in;
   const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
   hopper_forward_kernel<T, D>
-      <<<std::min(tiles, sms), kRows + 128, kBytes, stream>>>(qkv_map, q_map, bits_map, a, batch);
+      <<<std::min(tiles, sms), forward_threads(D), kBytes, stream>>>(qkv_map, q_map, bits_map, a, batch);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
