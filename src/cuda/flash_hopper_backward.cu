@@ -121,6 +121,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dctx_map,
                            const __grid_constant__ CUtensorMap bits_map, BackwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
+  expect_threads(kThreadsBwd);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using L = BwdSmem<D>;
   using KeyTile = typename L::KeyTile;

@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
                           const __grid_constant__ CUtensorMap bits_map, ForwardArgs a, int batch) {
 #ifdef HONE_HOPPER_IMAGE
   constexpr int kRows = hopper_forward_rows(D), kConsumers = kRows / 64;  // query rows per tile, warpgroups
+  expect_threads(forward_threads(D));
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using L = Smem<D, kRows>;
   using Tile = typename L::Tile;

@@ -84,6 +84,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// A warp-specialised kernel launched with other than its roles' threads would hang (its
+// consumers waiting for a producer warp that does not exist): it traps instead, so that the
+// launch fails with an error.
+__device__ __forceinline__ void expect_threads(int threads) {
+  if (blockDim.x != unsigned(threads)) __trap();
+}
+
 // Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

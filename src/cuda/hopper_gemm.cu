@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(kProductThreads, 1)
     gelu_product_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                         const T* __restrict__ bias, T* __restrict__ y, T* __restrict__ pre, int m, int n, int k) {
 #ifdef HONE_HOPPER_IMAGE
+  expect_threads(kProductThreads);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (smem_address(smem_raw) & 1023)) & 1023);
   unsigned char* sX = smem + Smem::kX;
