@@ -177,6 +177,12 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       ldmatrix_x4(qf[kk], sQ + QTile::chunk(row_in_tile + (lane & 15), kk * 2 + (lane >> 4)));
+    // The fragments are first used after the release below, so the loads may still be in
+    // flight when the producer's TMA (the async proxy) writes the next tile's Q over them: a
+    // write after read across proxies needs this fence (PTX memory model). Without it,
+    // varied-length batches came out different from launch to launch on an H200
+    // (EveryLaunchInARowGivesTheSameOutput).
+    fence_async_shared();
     __syncwarp();
     if (lane == 0) mbar_arrive(q_empty);
 

@@ -91,7 +91,8 @@ __device__ __forceinline__ void expect_threads(int threads) {
   if (blockDim.x != unsigned(threads)) __trap();
 }
 
-// Generic-proxy writes to shared memory (st.shared) made visible to the async proxy (wgmma).
+// Orders this thread's generic-proxy shared memory accesses before later async-proxy ones
+// (wgmma, TMA): writes (st.shared) that a wgmma reads, reads (ldmatrix) before a TMA rewrites.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // A barrier among `threads` threads (a warpgroup) on hardware barrier `id` (0 is __syncthreads').
