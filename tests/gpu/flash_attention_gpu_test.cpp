@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -610,7 +611,7 @@ TEST_F(FlashAttention, EveryLaunchInARowGivesTheSameOutput) {
         else
           gpu().attention_forward(q.t, m.t, d, {}, stats.t, no_keep, ctx.t, work.t);
         std::vector<uint16_t> bits = ctx.bits();
-        ASSERT_EQ(std::count(bits.begin(), bits.end(), uint16_t(0xffff)), 0) << name << ", launch " << launch;
+        ASSERT_EQ(std::count(bits.begin(), bits.end(), test::kUnwrittenHalf), 0) << name << ", launch " << launch;
         if (launch == 0) {
           first = std::move(bits);
           continue;
@@ -625,55 +626,44 @@ TEST_F(FlashAttention, EveryLaunchInARowGivesTheSameOutput) {
   }
 }
 
-// The same for training: forward with statistics (and dropout), then backward. dK and dV
-// come from one CTA each in a fixed order, so their bits must repeat; dQ is summed by F32
-// reductions in whatever order the CTAs reach them, so only that every element is written.
+// The same for training: forward with statistics (and dropout), then backward, each step
+// in fresh tensors whose unwritten elements read as NaN. dK and dV come from one CTA each in
+// a fixed order, so their bits must repeat; dQ is summed by F32 reductions in whatever order
+// the CTAs reach them, so only that every element is written.
 TEST_F(FlashAttention, EveryTrainingStepInARowGivesTheSameKeyAndValueGradients) {
   std::mt19937_64 gen(9);
   std::vector<int32_t> lengths(32);
   for (int32_t& n : lengths) n = 16 + int32_t(gen() % 497);
-  const int S = 512;
-  const PackedBatch pb(lengths, S);
-  const AttentionDims d{pb.batch, S, 16, 64, 0.125f};
+  const PackedBatch pb(lengths, 512);
+  const AttentionDims d{pb.batch, pb.seq, 16, 64, 0.125f};
   const int64_t H = d.hidden();
+  const auto written = [](const std::vector<float>& v) {
+    return std::none_of(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+  };
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const auto key_value_part = [&](const std::vector<float>& dqkv) {
+    std::vector<float> kv;
+    for (size_t r = 0; r < dqkv.size(); r += size_t(3 * H))
+      kv.insert(kv.end(), dqkv.begin() + r + H, dqkv.begin() + r + 3 * H);
+    return kv;
+  };
   for (bool packed : {true, false})
     for (const DropoutSpec& drop : {DropoutSpec{}, DropoutSpec{0.1f, 42, 1}}) {
-      const int64_t T = packed ? pb.tokens() : int64_t(d.batch) * S;
-      DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{d.batch, S}),
-          rs(gpu(), DType::I32, Shape{d.batch + 1}), g(gpu(), DType::BF16, Shape{T, H}),
-          stats(gpu(), DType::F32, Shape{d.batch, d.heads, S, 2}), ctx(gpu(), DType::BF16, Shape{T, H}),
-          dqkv(gpu(), DType::BF16, Shape{T, 3 * H}),
-          work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)});
-      const int words = std::max(ops::attention_keep_words(gpu(), d, DType::BF16, drop), 1);
-      DeviceTensor keep(gpu(), DType::I32, Shape{d.batch, d.heads, S, words});
-      q.upload(uniform(T * 3 * H, 11, -1.0f, 1.0f));
-      g.upload(uniform(T * H, 12, -1.0f, 1.0f));
-      m.upload_bytes(pb.mask.data());
-      rs.upload_bytes(pb.row_start.data());
+      const int64_t T = packed ? pb.tokens() : int64_t(d.batch) * d.seq;
+      const std::vector<float> qkv = uniform(T * 3 * H, 11, -1.0f, 1.0f), dctx = uniform(T * H, 12, -1.0f, 1.0f);
       const std::string name = fmt::format("{}, p = {}", packed ? "packed" : "padded", drop.p);
-      std::vector<uint16_t> first_ctx, first_dkv;
-      for (int step = 0; step < 4; ++step) {
-        ctx.mark_unwritten();
-        dqkv.mark_unwritten();
-        if (packed) {
-          ops::attention_forward_packed(gpu(), q.t, rs.t, d, drop, stats.t, keep.t, ctx.t, work.t);
-          ops::attention_backward_packed(gpu(), g.t, q.t, ctx.t, rs.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
-        } else {
-          ops::attention_forward(gpu(), q.t, m.t, d, drop, stats.t, keep.t, ctx.t, work.t);
-          ops::attention_backward(gpu(), g.t, q.t, ctx.t, m.t, stats.t, keep.t, d, drop, dqkv.t, work.t);
-        }
-        std::vector<uint16_t> c = ctx.bits(), all = dqkv.bits(), dkv;
-        ASSERT_EQ(std::count(c.begin(), c.end(), uint16_t(0xffff)), 0) << name << ", step " << step;
-        ASSERT_EQ(std::count(all.begin(), all.end(), uint16_t(0xffff)), 0) << name << ", step " << step;
-        dkv.reserve(size_t(T * 2 * H));
-        for (int64_t r = 0; r < T; ++r) dkv.insert(dkv.end(), all.begin() + r * 3 * H + H, all.begin() + (r + 1) * 3 * H);
-        if (step == 0) {
-          first_ctx = std::move(c);
-          first_dkv = std::move(dkv);
-          continue;
-        }
-        EXPECT_TRUE(c == first_ctx) << name << ": step " << step << "'s context differs from the first's";
-        EXPECT_TRUE(dkv == first_dkv) << name << ": step " << step << "'s dK, dV differ from the first's";
+      const TrainingOutputs first = run_training(gpu(), DType::BF16, d, pb, packed, qkv, dctx, drop);
+      ASSERT_TRUE(written(first.ctx) && written(first.dqkv)) << name;
+      const std::vector<float> first_kv = key_value_part(first.dqkv);
+      for (int step = 1; step < 4; ++step) {
+        const TrainingOutputs got = run_training(gpu(), DType::BF16, d, pb, packed, qkv, dctx, drop);
+        EXPECT_TRUE(written(got.ctx) && written(got.dqkv)) << name << ", step " << step;
+        EXPECT_TRUE(same_bits(got.ctx, first.ctx))
+            << name << ": step " << step << "'s context differs from the first's";
+        EXPECT_TRUE(same_bits(key_value_part(got.dqkv), first_kv))
+            << name << ": step " << step << "'s dK, dV differ from the first's";
       }
     }
 }
