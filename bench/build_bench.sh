@@ -1,6 +1,7 @@
 # Sourced by the bench scripts: builds `hone` for this GPU into build-bench (configured once,
 # reused by later scripts of the same call), logs into $1. On a device image without
-# utf8proc, the .deb files carried in .carry/debs are unpacked for it. Exits on failure.
+# utf8proc, the .deb files carried in .carry/debs (bench/carry_debs.sh fetches them) are
+# unpacked for it. Exits on failure.
 build_bench_hone() {
   local logs=$1
   if [ ! -f build-bench/build.ninja ]; then
