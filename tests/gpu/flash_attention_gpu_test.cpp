@@ -572,9 +572,6 @@ TEST_F(FlashAttention, PackedTrainingSpeedAtVariedLengths) {
   }
 }
 
-// The inference forward at bert-large's heads on infer_bench's varlen batch (64 texts of
-// 16..512 tokens): packed rows against the padded batch and a dense 64 x 512 batch, in
-// TFLOP/s of attended work (4 heads d sum len^2). Printed, never asserted.
 // The forward computes each output element in one place, in one order, so launches in a row
 // on the same inputs give the same bits, and write every row (ctx cleared in between).
 // Before the Q fence in flash_hopper_forward.cu, the Hopper forward's launches at batch 32
@@ -668,6 +665,9 @@ TEST_F(FlashAttention, EveryTrainingStepInARowGivesTheSameKeyAndValueGradients) 
     }
 }
 
+// The inference forward at bert-large's heads on infer_bench's varlen batch (64 texts of
+// 16..512 tokens): packed rows against the padded batch and a dense 64 x 512 batch, in
+// TFLOP/s of attended work (4 heads d sum len^2). Printed, never asserted.
 TEST_F(FlashAttention, PackedInferenceSpeedAtVariedLengths) {
   std::mt19937_64 gen(11);
   std::vector<int32_t> lengths(64);
