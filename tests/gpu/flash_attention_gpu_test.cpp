@@ -289,6 +289,18 @@ TEST_F(FlashAttention, RowsWithEveryKeyMaskedAreUniform) {
   }
 }
 
+// The Hopper forward sorts (sequence, query tile) pairs by their work, heaviest first, when
+// there are at most 4096 of them; more keep the plain turns. Both orders must cover every
+// tile once: many sequences of lengths 1..S, so that each CTA takes several tiles of
+// different work, on either side of that bound.
+TEST_F(FlashAttention, EveryTileIsComputedInEitherTileOrder) {
+  for (const auto& [batch, S] : {std::pair{120, 200}, std::pair{4100, 24}}) {
+    Case c{batch, S, 2, 64, {}};
+    for (int b = 0; b < batch; ++b) c.masks.push_back(right_padded(S, 1 + (b * 37) % S));
+    check_case(gpu(), DType::BF16, c, {}, fmt::format("{} sequences", batch));
+  }
+}
+
 // p = 0.5 drops half of P: a mask that differed from the CPU's anywhere would move the
 // outputs by tens of percent. The step counter comes from device memory, as in a replayed
 // CUDA graph.
