@@ -16,3 +16,19 @@ build_bench_hone() {
   fi
   ninja -C build-bench hone >"$logs/build.log" 2>&1 || { grep -E "error|Error" "$logs/build.log" | head -40; exit 1; }
 }
+
+# A/B builds in one device call: build_bench_variant NAME PATCH LOGS TARGETS... copies this
+# tree to /tmp/NAME, applies PATCH there (a path inside the tree, such as a .carry file made
+# by `git diff main exp/<branch>`; with REVERSE=-R, reversed, to build the commit before a
+# change), configures it as build-bench was and builds TARGETS into /tmp/NAME/build. The log
+# goes to LOGS/NAME_build.log; the status is the build's. Call build_bench_hone first (it
+# sets HONE_CMAKE_FLAGS), then this in the background beside build-bench's own tests.
+build_bench_variant() {
+  local name=$1 patch=$2 logs=$3
+  shift 3
+  rm -rf "/tmp/$name" && mkdir -p "/tmp/$name"
+  tar cf - --exclude=./build-bench --exclude=./.git . | tar xf - -C "/tmp/$name"
+  ( cd "/tmp/$name" && { git apply ${REVERSE:-} "$patch" || patch -p1 ${REVERSE:-} < "$patch"; } &&
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$(bash tools/cuda-arch.sh)" \
+      ${HONE_CMAKE_FLAGS:-} && ninja -C build "$@" ) >"$logs/${name}_build.log" 2>&1
+}
