@@ -1,6 +1,6 @@
 // Flash attention backward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
-// persistent kernel, one CTA per SM, of two consumer warpgroups and a producer warpgroup
-// (one warp of it works). A tile is 128 keys of one (sequence, head), 64 per consumer
+// persistent kernel, one CTA per SM taking tiles heaviest first (tile_order.h), of two
+// consumer warpgroups and a producer warpgroup (one warp of it works). A tile is 128 keys of one (sequence, head), 64 per consumer
 // warpgroup; the producer streams K and V once per tile and then every query block (64
 // queries: Q, dO through TMA, the forward's {max, 1 / sum} and D = rowsum(dO * O) through
 // plain loads) through a ring of swizzled stages (HeadTile). Per query block a consumer
@@ -23,6 +23,7 @@
 #include "cuda/check.h"
 #include "cuda/flash_hopper.h"
 #include "cuda/hopper.h"
+#include "cuda/tile_order.h"
 
 namespace hone::cuda::flash {
 
@@ -74,8 +75,24 @@ struct BwdSmem {
   // Per stage, one warpgroup's dQ part for the other: [kStages][D / 8][128] float4.
   static constexpr size_t kPart = kBits + size_t(kStages) * kQueries * 16;
   static constexpr size_t kBars = kPart + (kWide ? 0 : size_t(kStages) * (D / 8) * 128 * 16);
-  static constexpr size_t kBytes = kBars + (2 * kKVBuffers + 2 * kStages) * 8 + 1024;  // + alignment slack
+  static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 * kKVBuffers + 2 * kStages) * 8);
+  static constexpr size_t kBytes = kOrder.end + 1024;  // + alignment slack
 };
+
+// Whether the launch's (sequence, key tile) pairs go heaviest first (tile_order.h): the work
+// key is the query blocks walked, 0 for a key tile past the sequence's last attended key.
+__device__ __forceinline__ bool orders_tiles(int batch, int S) {
+  return batch * ((S + kKeys - 1) / kKeys) <= kMaxOrderedPairs && (S + kQueries - 1) / kQueries < kWorkKeys;
+}
+
+// The work key of pair p = b key_tiles + kt (orders_tiles).
+__device__ __forceinline__ int backward_work(const BackwardArgs& a, int p, int key_tiles) {
+  const int key0 = p % key_tiles * kKeys;
+  const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, p / key_tiles, a.seq, a.window);
+  if (key0 >= rows.keys) return 0;
+  const BlockRange walk = query_walk(a, rows, key0);
+  return walk.hi - walk.lo;
+}
 
 // What block_grads needs of a consumer lane: its keys key_a and key_a + 8 (kinds as
 // key_kind), the block's first query q0 and its stats, D and keep bits in shared memory,
@@ -161,13 +178,22 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   const int key_tiles = (S + kKeys - 1) / kKeys;
   const int tiles = key_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
+  // Null for plain turns; the loops below recompute it from the arguments rather than hold it.
+  const auto tile_order = [&] {
+    return orders_tiles(batch, S) ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order) : nullptr;
+  };
+  if (tile_order())
+    sort_pairs_by_work(
+        batch * key_tiles, [&](int p) { return backward_work(a, p, key_tiles); }, smem + L::kOrder.work,
+        tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<L::kProducerRegisters>();
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const TileCoords tc = tile_coords(tile, key_tiles, batch * a.heads, a.row_start != nullptr);
+    for (int k = 0;; ++k) {
+      const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, a.row_start != nullptr);
+      if (tc.bh < 0) break;
       const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
       if (key0 >= rows.keys) continue;
@@ -217,8 +243,9 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   // 16 wq .. 16 wq + 15 of them, this lane keys key_a and key_a + 8.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const TileCoords tc = tile_coords(tile, key_tiles, batch * a.heads, a.row_start != nullptr);
+  for (int k = 0;; ++k) {
+    const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, a.row_start != nullptr);
+    if (tc.bh < 0) break;
     const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
     const int len = rows.len;  // keys and queries at or past it are another sequence's or none

@@ -22,6 +22,7 @@
 #include "cuda/check.h"
 #include "cuda/flash_hopper.h"
 #include "cuda/hopper.h"
+#include "cuda/tile_order.h"
 
 namespace hone::cuda::flash {
 
@@ -31,18 +32,8 @@ using namespace hopper;
 
 constexpr int kKeys = 128;  // keys per block
 
-// Tiles in order of their work. CTAs that took tiles in turns (tile_coords) finished
-// apart: on packed batches of lengths 16..512 the turns of the CTA with the most work
-// held about a fifth above the mean (a model of the batch), since a tile walks one to four
-// key blocks with one to three warpgroups. So each CTA sorts the (sequence, query tile)
-// pairs by their work first, heaviest first (a stable counting sort: every CTA gets the
-// same order), and takes the tiles of the list in turns that run forward and backward by
-// round (CTA c the c-th of even rounds, the c-th from the end of odd ones); a pair's heads
-// are neighbours. In the model that leaves the busiest CTA 3-4% above the mean. More pairs
-// than kMaxOrderedPairs, or walks too long for a key byte, keep the plain turns.
-constexpr int kMaxOrderedPairs = 4096;
-constexpr int kWorkKeys = 256;  // work key = key blocks walked * 4 + warpgroups with rows; 0 past the end
-
+// Whether the launch's (sequence, query tile) pairs go heaviest first (tile_order.h): the
+// work key is the key blocks walked x 4 + the warpgroups with rows, 0 past the end.
 template <int kRows>
 __device__ __forceinline__ bool orders_tiles(int batch, int S) {
   return batch * ((S + kRows - 1) / kRows) <= kMaxOrderedPairs && 4 * ((S + kKeys - 1) / kKeys) + 3 < kWorkKeys;
@@ -60,63 +51,14 @@ __device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const Seque
   return window_blocks(a.window, first, last, kKeys, (rows.keys + kKeys - 1) / kKeys);
 }
 
-// order[] = the pairs (b q_tiles + qt) of the launch, heaviest first (orders_tiles). Every
-// thread of the CTA takes part.
+// The work key of pair p = b q_tiles + qt (orders_tiles).
 template <int kRows>
-__device__ void sort_pairs_by_work(const ForwardArgs& a, int pairs, int q_tiles, uint8_t* work, uint16_t* order,
-                                   int* count) {
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int qt = p % q_tiles;
-    const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, p / q_tiles, a.seq, a.window);
-    int key = 0;
-    if (qt * kRows < rows.len) {
-      const BlockRange walk = key_walk<kRows>(a, rows, qt);
-      key = (walk.hi - walk.lo) * 4 + min(kRows / 64, (rows.len - qt * kRows + 63) / 64);
-    }
-    work[p] = uint8_t(key);
-  }
-  for (int k = threadIdx.x; k < kWorkKeys; k += blockDim.x) count[k] = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[work[p]], 1);
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const unsigned below = (1u << lane) - 1u;
-    // count[k] becomes the first place of key k: the pairs of heavier keys come before it.
-    int heavier = 0;
-    for (int top = kWorkKeys - 1; top >= 0; top -= 32) {
-      const int k = top - lane, c = count[k];
-      int through = c;  // this chunk's keys from `top` down to k
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, through, o);
-        if (lane >= o) through += v;
-      }
-      count[k] = heavier + through - c;
-      heavier += __shfl_sync(0xffffffffu, through, 31);
-    }
-    __syncwarp();
-    for (int p0 = 0; p0 < pairs; p0 += 32) {  // in pair order within a key: stable
-      const int p = p0 + lane, key = p < pairs ? work[p] : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, key);
-      if (p < pairs) order[count[key] + __popc(same & below)] = uint16_t(p);
-      __syncwarp();
-      if (p < pairs && (same & below) == 0) count[key] += __popc(same);
-      __syncwarp();
-    }
-  }
-  __syncthreads();
-}
-
-// The k-th tile of this CTA, or bh = -1 when it has no more: from the pairs by work, or in
-// plain turns (order null).
-__device__ __forceinline__ TileCoords cta_tile(const uint16_t* order, int k, int tiles, int q_tiles, int heads,
-                                               int bh_pairs, bool packed) {
-  const int col = order && (k & 1) ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int i = k * int(gridDim.x) + col;
-  if (i >= tiles) return {-1, 0};
-  if (!order) return tile_coords(i, q_tiles, bh_pairs, packed);
-  const int pair = order[i / heads];
-  return {pair / q_tiles * heads + i % heads, pair % q_tiles};
+__device__ __forceinline__ int forward_work(const ForwardArgs& a, int p, int q_tiles) {
+  const int qt = p % q_tiles;
+  const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, p / q_tiles, a.seq, a.window);
+  if (qt * kRows >= rows.len) return 0;
+  const BlockRange walk = key_walk<kRows>(a, rows, qt);
+  return (walk.hi - walk.lo) * 4 + min(kRows / 64, (rows.len - qt * kRows + 63) / 64);
 }
 
 template <int D, int kRows>
@@ -132,10 +74,8 @@ struct Smem {
   static constexpr size_t kBias = kV + size_t(kStages) * kTileBytes;   // [kStages][kKeys] F32
   static constexpr size_t kBits = kBias + size_t(kStages) * kKeys * 4;  // [kStages][kRows][4] U32
   static constexpr size_t kBars = kBits + size_t(kStages) * kRows * 16;  // mbarriers
-  static constexpr size_t kWork = kBars + (2 + 2 * kStages) * 8;          // U8 [kMaxOrderedPairs] work keys
-  static constexpr size_t kOrder = kWork + kMaxOrderedPairs;              // U16 [kMaxOrderedPairs] pairs by work
-  static constexpr size_t kCount = kOrder + 2 * kMaxOrderedPairs;         // I32 [kWorkKeys]
-  static constexpr size_t kBytes = kCount + 4 * kWorkKeys + 1024;         // + alignment slack
+  static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 + 2 * kStages) * 8);
+  static constexpr size_t kBytes = kOrder.end + 1024;  // + alignment slack
 };
 
 template <typename T, int D>
@@ -184,11 +124,12 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   // it. (With the tile lookups ptxas reports 52 bytes of spill stores, against none in
   // turns; dense batches ran within 1% of before.)
   const auto tile_order = [&] {
-    return orders_tiles<kRows>(batch, S) ? reinterpret_cast<uint16_t*>(smem + L::kOrder) : nullptr;
+    return orders_tiles<kRows>(batch, S) ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order) : nullptr;
   };
   if (tile_order())
-    sort_pairs_by_work<kRows>(a, batch * q_tiles, q_tiles, smem + L::kWork, tile_order(),
-                              reinterpret_cast<int*>(smem + L::kCount));
+    sort_pairs_by_work(
+        batch * q_tiles, [&](int p) { return forward_work<kRows>(a, p, q_tiles); }, smem + L::kOrder.work,
+        tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<kConsumers == 3 ? 24 : 40>();
