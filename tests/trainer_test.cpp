@@ -1,6 +1,7 @@
 // The memory plan against the run, the step loop's bookkeeping, and model files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -176,6 +177,43 @@ TEST(MemoryPlanOfRun, StepScopedGradientsReuseActivationMemory) {
 }
 
 // ---------------------------------------------------------------- inference
+
+// Classification on the first token: inference runs the last layer past attention on each
+// sequence's first token alone, and the logits are the whole layer's (which a call asking
+// for the hidden states runs), up to the products' rounding.
+TEST(Inference, TheLastLayerOnTheFirstTokensGivesTheWholeLayersLogits) {
+  CpuBackend be;
+  ModelConfig c = small_config();
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  const TrainingArguments a = small_args(4);
+  const RunPhases phases{true, 6};
+  const MemoryPlan plan = TrainingRun::plan(a, c, 16, be, GradientMemory::Persistent, phases);
+  const auto planned = [&](Phase phase) {
+    return std::any_of(plan.buffers.begin(), plan.buffers.end(),
+                       [&](const PlannedBuffer& b) { return b.phase == phase && b.name == "first_token_context"; });
+  };
+  EXPECT_TRUE(planned(Phase::Inference));
+  EXPECT_TRUE(planned(Phase::PackedInference));
+  EXPECT_FALSE(planned(Phase::HiddenStates));
+  TrainingRun run(a, c, 16, be, GradientMemory::Persistent, phases);
+  init_weights(c, run.model().layout(), run.host_weights(), 5);
+  Rows r(4, 16, 7);
+  for (const bool padding : {false, true}) {
+    if (!padding) std::fill(r.mask.begin(), r.mask.end(), 1);  // no padding: the padded layout
+    else r = Rows(4, 16, 7);                                    // right padding: packed
+    Batch b;
+    b.rows = 4;
+    b.seq = 16;
+    b.ids = r.ids.data();
+    b.mask = r.mask.data();
+    b.types = r.types.data();
+    std::vector<float> whole(8), first(8), hidden(size_t(4 * 16 * c.hidden_size));
+    run.infer(b, ForwardOutputs{whole.data(), hidden.data()});
+    run.infer(b, ForwardOutputs{first.data()});
+    for (size_t i = 0; i < first.size(); ++i)
+      EXPECT_NEAR(first[i], whole[i], 1e-5 * std::abs(whole[i]) + 1e-7) << (padding ? "packed " : "padded ") << i;
+  }
+}
 
 TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   CpuBackend be;

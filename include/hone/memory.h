@@ -40,9 +40,11 @@ inline bool on_host(Category c) { return c >= Category::HostMasterWeights; }
 
 // Phases replayed independently: setup runs once; the others repeat each step or batch.
 // PackedInference: inference on sequences packed without their padding (TrainingRun::infer
-// picks it for right-padded batches where the backend packs attention).
-enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep, Inference, PackedInference };
-constexpr int kNumPhases = 5;
+// picks it for right-padded batches where the backend packs attention). HiddenStates:
+// inference that also returns the last layer's every hidden state, so that layer runs
+// whole (the others run it on the first tokens alone where the head reads no more).
+enum class Phase : uint8_t { Setup, MicroStep, OptimizerStep, Inference, PackedInference, HiddenStates };
+constexpr int kNumPhases = 6;
 
 constexpr size_t kBufferAlignment = 256;
 

@@ -255,8 +255,13 @@ class SequenceClassifier {
   Pass pass(const BatchTensors& batch, const DropoutState& drop, bool training = false) const;
   // Encoder layer l from its input x into saved_[l], taking every buffer: the forward
   // pass and the full recomputation run this one code. Without keep_for_backward nothing
-  // keeps the feed-forward product before its activation (ffn_pre stays empty).
-  void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x, bool keep_for_backward);
+  // keeps the feed-forward product before its activation (ffn_pre stays empty). With
+  // first_tokens_only (inference, a post-norm layer) everything past attention runs on
+  // each sequence's first token alone: saved_[l].out is [batch, hidden].
+  void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x, bool keep_for_backward,
+                     bool first_tokens_only = false);
+  // Each sequence's first token of hidden ([tokens, hidden], packed or padded) into out.
+  void first_tokens(Backend& be, const Pass& p, const Tensor& hidden, Tensor& out) const;
   // After layer l's forward: hands back what nothing reads again (inference) or what
   // backward recomputes (checkpointing).
   void release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward);

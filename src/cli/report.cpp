@@ -85,7 +85,8 @@ std::string memory_table(const MemoryPlan& plan, int64_t params, const size_t* m
 }
 
 std::string buffer_list(const MemoryPlan& plan) {
-  static const char* phases[kNumPhases] = {"setup", "micro-step", "optimizer", "inference", "packed inference"};
+  static const char* phases[kNumPhases] = {"setup",     "micro-step",       "optimizer",
+                                           "inference", "packed inference", "hidden states"};
   std::string s = fmt::format("  {:<24} {:<28} {:<16} {:>15} {:>15} {:>8} {:>8}\n", "category", "buffer", "phase",
                               "bytes", "offset", "taken", "freed");
   for (const auto& b : plan.buffers)

@@ -25,6 +25,7 @@ std::string_view phase_name(Phase p) {
     case Phase::OptimizerStep: return "optimizer step";
     case Phase::Inference: return "inference";
     case Phase::PackedInference: return "packed inference";
+    case Phase::HiddenStates: return "hidden states";
   }
   return "?";
 }

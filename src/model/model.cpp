@@ -292,28 +292,47 @@ void SequenceClassifier::context_backward(Backend& be, BufferSource& mem, const 
   release_if_taken(mem, s.attn_keep);
 }
 
+void SequenceClassifier::first_tokens(Backend& be, const Pass& p, const Tensor& hidden, Tensor& out) const {
+  if (p.packed())
+    ops::gather_rows(be, hidden, p.batch.row_start.rows(0, p.batch.batch), out);
+  else
+    ops::gather_first_tokens(be, hidden, p.batch.seq, out);
+}
+
 void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
-                                                  const Tensor& x, bool keep_for_backward) {
+                                                  const Tensor& x, bool keep_for_backward, bool first_tokens_only) {
   if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x);
-  const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
   const Layer& P = layers_[l];
   Saved& s = saved_[l];
   const Tensor qkv_b = compute_slice(P.qkv.b->offset, {3 * H}), ao_b = w(P.attn_out.b), up_b = w(P.ffn_up.b),
                down_b = w(P.ffn_down.b);
-  s.qkv = activation(mem, "qkv", l, {T, 3 * H});
+  s.qkv = activation(mem, "qkv", l, {p.tokens, 3 * H});
   ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
   saved_attention(be, mem, p, l);
+  // Past attention the layer is row by row: with first_tokens_only it runs on each
+  // sequence's first token (its context and residual) and nothing else.
+  const int64_t T = first_tokens_only ? p.batch.batch : p.tokens;
+  Tensor first_ctx, first_x;
+  if (first_tokens_only) {
+    first_ctx = scratch(mem, "first_token_context", {T, H});
+    first_x = scratch(mem, "first_token_input", {T, H});
+    first_tokens(be, p, s.ctx, first_ctx);
+    first_tokens(be, p, x, first_x);
+  }
+  const Tensor& ctx = first_tokens_only ? first_ctx : s.ctx;
+  const Tensor& residual = first_tokens_only ? first_x : x;
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
-  ops::linear_forward(be, s.ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
+  ops::linear_forward(be, ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
   s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
   s.ln1_rstd = row_stats(mem, "attention_ln_rstd", l, {T});
   s.ln1_out = activation(mem, "attention_out", l, {T, H});
   // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in). Only backward reads the
   // sums: inference does not write them (a quarter of the op's bytes).
   Tensor no_sum;
-  ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_dropout(p.drop, l, 1), w(P.ln1.g), w(P.ln1.b), eps,
-                                     keep_for_backward ? s.ln1_in : no_sum, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+  ops::dropout_add_layernorm_forward(be, s.ln1_in, residual, layer_dropout(p.drop, l, 1), w(P.ln1.g), w(P.ln1.b),
+                                     eps, keep_for_backward ? s.ln1_in : no_sum, s.ln1_out, s.ln1_mean, s.ln1_rstd);
   // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
   // computes it from the unrounded product, so the recomputation may differ by an ulp.)
   // Inference keeps no ffn_pre: the activation then runs in the product's epilogue where
@@ -330,6 +349,10 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
   ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_dropout(p.drop, l, 2), w(P.ln2.g), w(P.ln2.b),
                                      eps, keep_for_backward ? s.ln2_in : no_sum, s.out, s.ln2_mean, s.ln2_rstd);
+  if (first_tokens_only) {
+    mem.release(first_x);
+    mem.release(first_ctx);
+  }
 }
 
 void SequenceClassifier::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {
@@ -394,9 +417,14 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   if (!keep_for_backward)
     for (const Tensor* t : {&h.positions, &h.emb_sum, &h.emb_mean, &h.emb_rstd, &h.emb_norm}) release_if_taken(mem, *t);
 
+  // Classification on the first token reads nothing else of the last layer's output, so
+  // inference runs that layer past attention on those rows alone: the same logits, about
+  // three quarters of a layer's products fewer.
+  const bool first_tokens_only =
+      !keep_for_backward && !hidden_out && !pre_norm_ && cfg_.classifier_pooling != "mean" && L > 0;
   for (int l = 0; l < L; ++l) {
     const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
-    layer_forward(be, mem, p, l, x, keep_for_backward);
+    layer_forward(be, mem, p, l, x, keep_for_backward, first_tokens_only && l == L - 1);
     release_unkept(mem, l, x, keep_for_backward);
   }
 
@@ -422,10 +450,10 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
     ops::mean_pool_packed(be, *last, p.batch.row_start, h.cls_tok);  // a packed sequence is its attended tokens
   } else if (cfg_.classifier_pooling == "mean") {
     ops::mean_pool_forward(be, *last, p.batch.attention_mask, h.cls_tok);
-  } else if (packed) {
-    ops::gather_rows(be, *last, p.batch.row_start.rows(0, B), h.cls_tok);  // each sequence's first token
+  } else if (first_tokens_only) {
+    ops::copy(be, *last, h.cls_tok);  // the last layer ran on the first tokens alone
   } else {
-    ops::gather_first_tokens(be, *last, S, h.cls_tok);
+    first_tokens(be, p, *last, h.cls_tok);
   }
   // Nothing in backward reads the encoder's output (in training the embeddings' output
   // stays for the first layer's backward, and a pre-norm encoder's last layer output

@@ -169,7 +169,13 @@ MemoryPlan TrainingRun::record_plan() {
       run_optimizer_step(planner, 0.0, 1);
       if (scoped_grads_) planner.share_arena(Category::Gradients, Category::Activations);
     }
-    if (phases_.infer_batch > 0) run_infer(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {});
+    if (phases_.infer_batch > 0) {
+      run_infer(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {});
+      float unread = 0.0f;  // a dry run reads nothing back: this only asks for the hidden states
+      ForwardOutputs hidden;
+      hidden.last_hidden_state = &unread;
+      run_infer(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, hidden);
+    }
     if (packs_)  // planned with every token attended: the most a packed batch holds
       run_infer_as(planner, nullptr, nullptr, nullptr, phases_.infer_batch, seq_, {}, true,
                    int64_t(phases_.infer_batch) * seq_);
@@ -704,7 +710,7 @@ void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int3
     logits_from_host(batch, out.logits);
     return;
   }
-  mem.begin_phase(packed ? Phase::PackedInference : Phase::Inference);
+  mem.begin_phase(packed ? Phase::PackedInference : out.last_hidden_state ? Phase::HiddenStates : Phase::Inference);
   BatchTensors b = take_batch(mem, false, batch, seq);
   if (packed) {
     b.tokens = tokens;
