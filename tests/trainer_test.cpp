@@ -180,10 +180,19 @@ TEST(MemoryPlanOfRun, StepScopedGradientsReuseActivationMemory) {
 
 // Classification on the first token: inference runs the last layer past attention on each
 // sequence's first token alone, and the logits are the whole layer's (which a call asking
-// for the hidden states runs), up to the products' rounding.
-TEST(Inference, TheLastLayerOnTheFirstTokensGivesTheWholeLayersLogits) {
+// for the hidden states runs), up to the products' rounding. BERT's post-norm layers and ModernBERT's pre-norm ones (with its final norm, and a local
+// attention layer before the last).
+class FirstTokenInference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FirstTokenInference, TheLastLayerOnTheFirstTokensGivesTheWholeLayersLogits) {
   CpuBackend be;
   ModelConfig c = small_config();
+  if (GetParam() == "modernbert")
+    c = ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", 30522}, {"hidden_size", 24},
+                                {"num_attention_heads", 2}, {"intermediate_size", 40}, {"max_position_embeddings", 32},
+                                {"num_hidden_layers", 3}, {"global_attn_every_n_layers", 2}, {"local_attention", 6},
+                                {"classifier_pooling", "cls"}, {"pad_token_id", 0}},
+                               "modernbert");
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
   const TrainingArguments a = small_args(4);
   const RunPhases phases{true, 6};
@@ -214,6 +223,8 @@ TEST(Inference, TheLastLayerOnTheFirstTokensGivesTheWholeLayersLogits) {
       EXPECT_NEAR(first[i], whole[i], 1e-5 * std::abs(whole[i]) + 1e-7) << (padding ? "packed " : "padded ") << i;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, FirstTokenInference, ::testing::Values("bert", "modernbert"));
 
 TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   CpuBackend be;

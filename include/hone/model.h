@@ -256,8 +256,8 @@ class SequenceClassifier {
   // Encoder layer l from its input x into saved_[l], taking every buffer: the forward
   // pass and the full recomputation run this one code. Without keep_for_backward nothing
   // keeps the feed-forward product before its activation (ffn_pre stays empty). With
-  // first_tokens_only (inference, a post-norm layer) everything past attention runs on
-  // each sequence's first token alone: saved_[l].out is [batch, hidden].
+  // first_tokens_only (inference) everything past attention runs on each sequence's first
+  // token alone: saved_[l].out is [batch, hidden].
   void layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x, bool keep_for_backward,
                      bool first_tokens_only = false);
   // Each sequence's first token of hidden ([tokens, hidden], packed or padded) into out.
@@ -270,7 +270,8 @@ class SequenceClassifier {
   void layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x, Tensor& dh);
   // The pre-norm layer body of layer_forward and layer_backward (prenorm_layer.cpp); the
   // backward's runs after layer_backward's full recomputation and take_grads.
-  void prenorm_layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x);
+  void prenorm_layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& x,
+                             bool first_tokens_only = false);
   void prenorm_layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x, Tensor& dh);
   // Rotary embeddings on layer l's qkv (inverse: on its gradient); nothing without them.
   void rotate(Backend& be, const Pass& p, int l, Tensor& qkv, bool inverse) const;

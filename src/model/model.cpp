@@ -301,7 +301,7 @@ void SequenceClassifier::first_tokens(Backend& be, const Pass& p, const Tensor& 
 
 void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
                                                   const Tensor& x, bool keep_for_backward, bool first_tokens_only) {
-  if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x);
+  if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x, first_tokens_only);
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
   const Layer& P = layers_[l];
@@ -420,8 +420,7 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
   // Classification on the first token reads nothing else of the last layer's output, so
   // inference runs that layer past attention on those rows alone: the same logits, about
   // three quarters of a layer's products fewer.
-  const bool first_tokens_only =
-      !keep_for_backward && !hidden_out && !pre_norm_ && cfg_.classifier_pooling != "mean" && L > 0;
+  const bool first_tokens_only = !keep_for_backward && !hidden_out && cfg_.classifier_pooling != "mean" && L > 0;
   for (int l = 0; l < L; ++l) {
     const Tensor& x = l == 0 ? h.emb_out : saved_[l - 1].out;
     layer_forward(be, mem, p, l, x, keep_for_backward, first_tokens_only && l == L - 1);
@@ -430,9 +429,10 @@ SequenceClassifier::SavedHead SequenceClassifier::run_forward(Backend& be, Buffe
 
   const Tensor* last = L > 0 ? &saved_[L - 1].out : &h.emb_out;
   if (final_norm_.g) {  // pre-norm: backward reads the last layer's output, the norm's input
-    h.final_out = activation(mem, "final_norm_out", -1, {T, H});
-    h.final_mean = row_stats(mem, "final_norm_mean", -1, {T});
-    h.final_rstd = row_stats(mem, "final_norm_rstd", -1, {T});
+    const int64_t rows = last->shape[0];  // B when the last layer ran on the first tokens
+    h.final_out = activation(mem, "final_norm_out", -1, {rows, H});
+    h.final_mean = row_stats(mem, "final_norm_mean", -1, {rows});
+    h.final_rstd = row_stats(mem, "final_norm_rstd", -1, {rows});
     ops::layernorm_forward(be, *last, w(final_norm_.g), opt(final_norm_.b), cfg_.layer_norm_eps, h.final_out,
                            h.final_mean, h.final_rstd);
     if (!keep_for_backward) {

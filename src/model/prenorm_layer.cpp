@@ -16,8 +16,9 @@ void SequenceClassifier::rotate(Backend& be, const Pass& p, int l, Tensor& qkv, 
 }
 
 void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
-                                               const Tensor& x) {
-  const int64_t T = p.tokens, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+                                               const Tensor& x, bool first_tokens_only) {
+  int64_t T = p.tokens;
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const float eps = cfg_.layer_norm_eps;
   const Layer& P = layers_[l];
   Saved& s = saved_[l];
@@ -36,15 +37,27 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
   ops::linear_forward(be, *a, w3(P.qkv.w, 3 * H, H), ptr(qkv_b), s.qkv);
   rotate(be, p, l, s.qkv, false);
   saved_attention(be, mem, p, l);
+  // Past attention the layer is row by row: with first_tokens_only it runs on each
+  // sequence's first token (its context and residual) and nothing else.
+  Tensor first_ctx, first_x;
+  if (first_tokens_only) {
+    T = p.batch.batch;
+    first_ctx = scratch(mem, "first_token_context", {T, H});
+    first_x = scratch(mem, "first_token_input", {T, H});
+    first_tokens(be, p, s.ctx, first_ctx);
+    first_tokens(be, p, x, first_x);
+  }
+  const Tensor& ctx = first_tokens_only ? first_ctx : s.ctx;
+  const Tensor& residual = first_tokens_only ? first_x : x;
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
   const Tensor ao_b = opt(P.attn_out.b), up_b = opt(P.ffn_up.b), down_b = opt(P.ffn_down.b);
-  ops::linear_forward(be, s.ctx, w(P.attn_out.w), ptr(ao_b), s.ln1_in);
+  ops::linear_forward(be, ctx, w(P.attn_out.w), ptr(ao_b), s.ln1_in);
   s.ln1_mean = row_stats(mem, "ffn_norm_mean", l, {T});
   s.ln1_rstd = row_stats(mem, "ffn_norm_rstd", l, {T});
   s.ln1_out = activation(mem, "ffn_norm_out", l, {T, H});
   // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN_mlp(ln1_in)
-  ops::dropout_add_layernorm_forward(be, s.ln1_in, x, layer_dropout(p.drop, l, 1), w(P.ln1.g), opt(P.ln1.b), eps,
-                                     s.ln1_in, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+  ops::dropout_add_layernorm_forward(be, s.ln1_in, residual, layer_dropout(p.drop, l, 1), w(P.ln1.g), opt(P.ln1.b),
+                                     eps, s.ln1_in, s.ln1_out, s.ln1_mean, s.ln1_rstd);
   s.ffn_pre = activation(mem, "ffn_preactivation", l, {T, 2 * I});
   ops::linear_forward(be, s.ln1_out, w(P.ffn_up.w), ptr(up_b), s.ffn_pre);
   Tensor ffn_act = scratch(mem, "ffn_activation", {T, I});  // recomputed in backward
@@ -55,6 +68,10 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
   mem.release(ffn_act);
   ops::dropout_add(be, s.out, s.ln1_in, DropoutSpec{}, s.out);  // out = ln1_in + the FFN's output
   s.ln2_in = s.ln2_mean = s.ln2_rstd = Tensor{};
+  if (first_tokens_only) {
+    mem.release(first_x);
+    mem.release(first_ctx);
+  }
 }
 
 void SequenceClassifier::prenorm_layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
