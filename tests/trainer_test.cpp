@@ -74,6 +74,27 @@ struct Rows {
   }
 };
 
+// rows x seq of r as an inference batch.
+Batch batch_of(Rows& r, int rows, int seq) {
+  Batch b;
+  b.rows = rows;
+  b.seq = seq;
+  b.ids = r.ids.data();
+  b.mask = r.mask.data();
+  b.types = r.types.data();
+  return b;
+}
+
+// ModernBERT's pre-norm layers at the size of small_config: rotary, GeGLU, a local layer
+// between global ones, the given pooling.
+ModelConfig small_modernbert(const std::string& pooling) {
+  return ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", 30522}, {"hidden_size", 24},
+                                 {"num_attention_heads", 2}, {"intermediate_size", 40}, {"max_position_embeddings", 32},
+                                 {"num_hidden_layers", 3}, {"global_attn_every_n_layers", 2}, {"local_attention", 6},
+                                 {"classifier_pooling", pooling}, {"pad_token_id", 0}},
+                                "modernbert");
+}
+
 TEST(MemoryPlanOfRun, EstimateEqualsPlanEqualsAllocation) {
   CpuBackend be;
   const ModelConfig c = small_config();
@@ -187,12 +208,7 @@ class FirstTokenInference : public ::testing::TestWithParam<std::string> {};
 TEST_P(FirstTokenInference, TheLastLayerOnTheFirstTokensGivesTheWholeLayersLogits) {
   CpuBackend be;
   ModelConfig c = small_config();
-  if (GetParam() == "modernbert")
-    c = ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", 30522}, {"hidden_size", 24},
-                                {"num_attention_heads", 2}, {"intermediate_size", 40}, {"max_position_embeddings", 32},
-                                {"num_hidden_layers", 3}, {"global_attn_every_n_layers", 2}, {"local_attention", 6},
-                                {"classifier_pooling", "cls"}, {"pad_token_id", 0}},
-                               "modernbert");
+  if (GetParam() == "modernbert") c = small_modernbert("cls");
   c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
   const TrainingArguments a = small_args(4);
   const RunPhases phases{true, 6};
@@ -210,12 +226,7 @@ TEST_P(FirstTokenInference, TheLastLayerOnTheFirstTokensGivesTheWholeLayersLogit
   for (const bool padding : {false, true}) {
     if (!padding) std::fill(r.mask.begin(), r.mask.end(), 1);  // no padding: the padded layout
     else r = Rows(4, 16, 7);                                    // right padding: packed
-    Batch b;
-    b.rows = 4;
-    b.seq = 16;
-    b.ids = r.ids.data();
-    b.mask = r.mask.data();
-    b.types = r.types.data();
+    const Batch b = batch_of(r, 4, 16);
     std::vector<float> whole(8), first(8), hidden(size_t(4 * 16 * c.hidden_size));
     run.infer(b, ForwardOutputs{whole.data(), hidden.data()});
     run.infer(b, ForwardOutputs{first.data()});
@@ -237,12 +248,7 @@ TEST(Inference, LogitsEqualTheTrainingForwardWithoutDropout) {
   Rows r(4, 16, 7);
   std::vector<float> trained(8), inferred(8);
   run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 0, trained.data());
-  Batch b;
-  b.rows = 4;
-  b.seq = 16;
-  b.ids = r.ids.data();
-  b.mask = r.mask.data();
-  b.types = r.types.data();
+  const Batch b = batch_of(r, 4, 16);
   // Asking for the hidden states keeps the padded layout, the training forward's arithmetic.
   std::vector<float> hidden(size_t(4 * 16 * c.hidden_size));
   run.infer(b, ForwardOutputs{inferred.data(), hidden.data()});
@@ -494,12 +500,7 @@ class PackedTraining : public ::testing::TestWithParam<std::tuple<std::string, s
 TEST_P(PackedTraining, EqualsThePaddedRun) {
   const auto& [model_type, policy] = GetParam();
   ModelConfig c = small_config();
-  if (model_type == "modernbert")
-    c = ModelConfig::from_json({{"model_type", "modernbert"}, {"vocab_size", 30522}, {"hidden_size", 24},
-                                {"num_attention_heads", 2}, {"intermediate_size", 40}, {"max_position_embeddings", 32},
-                                {"num_hidden_layers", 3}, {"global_attn_every_n_layers", 2}, {"local_attention", 6},
-                                {"classifier_pooling", "mean"}, {"pad_token_id", 0}},
-                               "modernbert");
+  if (model_type == "modernbert") c = small_modernbert("mean");
   c.hidden_dropout_prob = 0;
   c.attention_probs_dropout_prob = 0;
   c.classifier_dropout = 0.0f;

@@ -262,6 +262,13 @@ class SequenceClassifier {
                      bool first_tokens_only = false);
   // Each sequence's first token of hidden ([tokens, hidden], packed or padded) into out.
   void first_tokens(Backend& be, const Pass& p, const Tensor& hidden, Tensor& out) const;
+  // A layer that runs on the first tokens past attention reads their context and residual
+  // ([batch, hidden] each, taken here; released by release_first_token_rows).
+  struct FirstTokenRows {
+    Tensor ctx, x;
+  };
+  FirstTokenRows first_token_rows(Backend& be, BufferSource& mem, const Pass& p, const Tensor& ctx, const Tensor& x);
+  void release_first_token_rows(BufferSource& mem, const FirstTokenRows& rows);
   // After layer l's forward: hands back what nothing reads again (inference) or what
   // backward recomputes (checkpointing).
   void release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward);

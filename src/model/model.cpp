@@ -299,6 +299,21 @@ void SequenceClassifier::first_tokens(Backend& be, const Pass& p, const Tensor& 
     ops::gather_first_tokens(be, hidden, p.batch.seq, out);
 }
 
+SequenceClassifier::FirstTokenRows SequenceClassifier::first_token_rows(Backend& be, BufferSource& mem,
+                                                                       const Pass& p, const Tensor& ctx,
+                                                                       const Tensor& x) {
+  const int64_t B = p.batch.batch, H = cfg_.hidden_size;
+  FirstTokenRows rows{scratch(mem, "first_token_context", {B, H}), scratch(mem, "first_token_input", {B, H})};
+  first_tokens(be, p, ctx, rows.ctx);
+  first_tokens(be, p, x, rows.x);
+  return rows;
+}
+
+void SequenceClassifier::release_first_token_rows(BufferSource& mem, const FirstTokenRows& rows) {
+  mem.release(rows.x);
+  mem.release(rows.ctx);
+}
+
 void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pass& p, int l,
                                                   const Tensor& x, bool keep_for_backward, bool first_tokens_only) {
   if (pre_norm_) return prenorm_layer_forward(be, mem, p, l, x, first_tokens_only);
@@ -314,15 +329,9 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   // Past attention the layer is row by row: with first_tokens_only it runs on each
   // sequence's first token (its context and residual) and nothing else.
   const int64_t T = first_tokens_only ? p.batch.batch : p.tokens;
-  Tensor first_ctx, first_x;
-  if (first_tokens_only) {
-    first_ctx = scratch(mem, "first_token_context", {T, H});
-    first_x = scratch(mem, "first_token_input", {T, H});
-    first_tokens(be, p, s.ctx, first_ctx);
-    first_tokens(be, p, x, first_x);
-  }
-  const Tensor& ctx = first_tokens_only ? first_ctx : s.ctx;
-  const Tensor& residual = first_tokens_only ? first_x : x;
+  const FirstTokenRows first = first_tokens_only ? first_token_rows(be, mem, p, s.ctx, x) : FirstTokenRows{};
+  const Tensor& ctx = first_tokens_only ? first.ctx : s.ctx;
+  const Tensor& residual = first_tokens_only ? first.x : x;
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
   ops::linear_forward(be, ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
   s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
@@ -349,10 +358,7 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
   ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_dropout(p.drop, l, 2), w(P.ln2.g), w(P.ln2.b),
                                      eps, keep_for_backward ? s.ln2_in : no_sum, s.out, s.ln2_mean, s.ln2_rstd);
-  if (first_tokens_only) {
-    mem.release(first_x);
-    mem.release(first_ctx);
-  }
+  if (first_tokens_only) release_first_token_rows(mem, first);
 }
 
 void SequenceClassifier::release_unkept(BufferSource& mem, int l, const Tensor& x, bool keep_for_backward) {

@@ -39,16 +39,10 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
   saved_attention(be, mem, p, l);
   // Past attention the layer is row by row: with first_tokens_only it runs on each
   // sequence's first token (its context and residual) and nothing else.
-  Tensor first_ctx, first_x;
-  if (first_tokens_only) {
-    T = p.batch.batch;
-    first_ctx = scratch(mem, "first_token_context", {T, H});
-    first_x = scratch(mem, "first_token_input", {T, H});
-    first_tokens(be, p, s.ctx, first_ctx);
-    first_tokens(be, p, x, first_x);
-  }
-  const Tensor& ctx = first_tokens_only ? first_ctx : s.ctx;
-  const Tensor& residual = first_tokens_only ? first_x : x;
+  if (first_tokens_only) T = p.batch.batch;
+  const FirstTokenRows first = first_tokens_only ? first_token_rows(be, mem, p, s.ctx, x) : FirstTokenRows{};
+  const Tensor& ctx = first_tokens_only ? first.ctx : s.ctx;
+  const Tensor& residual = first_tokens_only ? first.x : x;
   s.ln1_in = activation(mem, "attention_residual", l, {T, H});
   const Tensor ao_b = opt(P.attn_out.b), up_b = opt(P.ffn_up.b), down_b = opt(P.ffn_down.b);
   ops::linear_forward(be, ctx, w(P.attn_out.w), ptr(ao_b), s.ln1_in);
@@ -68,10 +62,7 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
   mem.release(ffn_act);
   ops::dropout_add(be, s.out, s.ln1_in, DropoutSpec{}, s.out);  // out = ln1_in + the FFN's output
   s.ln2_in = s.ln2_mean = s.ln2_rstd = Tensor{};
-  if (first_tokens_only) {
-    mem.release(first_x);
-    mem.release(first_ctx);
-  }
+  if (first_tokens_only) release_first_token_rows(mem, first);
 }
 
 void SequenceClassifier::prenorm_layer_backward(Backend& be, BufferSource& mem, const Pass& p, int l, Tensor& x,
