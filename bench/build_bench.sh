@@ -4,13 +4,17 @@
 # unpacked for it. Exits on failure.
 build_bench_hone() {
   local logs=$1
-  if [ ! -f build-bench/build.ninja ]; then
-    if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
+  if [ ! -e /usr/include/utf8proc.h ] && ls .carry/debs/*.deb >/dev/null 2>&1; then
+    if [ ! -d /tmp/deps/usr ]; then
       for d in .carry/debs/*.deb; do dpkg -x "$d" /tmp/deps; done
       # Their pkg-config files name /usr: point them where they were unpacked.
       sed -i 's|^prefix=/usr$|prefix=/tmp/deps/usr|' /tmp/deps/usr/lib/*/pkgconfig/*.pc
-      HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
     fi
+    # Set on every call: build_bench_variant configures with it after an earlier script
+    # (another process) configured build-bench.
+    HONE_CMAKE_FLAGS="${HONE_CMAKE_FLAGS:-} -DCMAKE_PREFIX_PATH=/tmp/deps/usr"
+  fi
+  if [ ! -f build-bench/build.ninja ]; then
     cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=$(bash tools/cuda-arch.sh)" \
       ${HONE_CMAKE_FLAGS:-} >"$logs/cmake.log" 2>&1 || { tail -30 "$logs/cmake.log"; exit 1; }
   fi
