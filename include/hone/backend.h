@@ -51,6 +51,9 @@ struct AttentionDims {
   // only if |i - j| <= window; a key farther away gets no weight at all, like a key past
   // the sequence, whatever its mask. -1: no window.
   int window = -1;
+  // Inference that reads only each sequence's first row of the context (the last layer
+  // before a first-token head): a backend may leave the other rows unwritten.
+  bool first_rows_only = false;
   int hidden() const { return heads * head_dim; }
 };
 

@@ -298,10 +298,12 @@ class SequenceClassifier {
   AttentionPath attention_path(const Backend& be, const Pass& p, const AttentionDims& d) const;
   // Attention of layer l from qkv into stats, keep (its dropout bits, when the backend
   // keeps them) and ctx, with its workspace.
+  // With first_rows_only, only each sequence's first row of ctx is read afterwards
+  // (AttentionDims::first_rows_only).
   void attention(Backend& be, BufferSource& mem, const Pass& p, int l, const Tensor& qkv, Tensor& stats,
-                 Tensor& keep, Tensor& ctx);
+                 Tensor& keep, Tensor& ctx, bool first_rows_only = false);
   // Layer l's attention from its saved qkv into saved_[l]'s stats, keep bits and context.
-  void saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l);
+  void saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l, bool first_rows_only = false);
   // Selective checkpointing: layer l's context again, from the kept qkv with the same
   // dropout; the statistics and mask bits it recomputes go to scratch, so that backward
   // reads the forward's own.

@@ -266,6 +266,7 @@ void run_forward(cudaStream_t stream, flash::ForwardArgs a, const Tensor& qkv, i
                  uint32_t* bits) {
   draw_keep_bits(stream, d, a.drop, bits, a.row_start);
   a.window = d.window;
+  if (d.first_rows_only) a.query_rows = 1;
   dispatch(qkv.dtype, d.head_dim, [&](auto type, auto dim) {
     using T16 = typename decltype(type)::type;
     constexpr int D = decltype(dim)::value;

@@ -43,11 +43,17 @@ __device__ __forceinline__ bool orders_tiles(int batch, int S) {
 // producer warpgroup.
 constexpr int forward_threads(int D) { return 128 * (hopper_forward_rows(D) / 64 + 1); }
 
+// The rows of a sequence whose context is written: all of them, or its first
+// (ForwardArgs::query_rows). Rows past them are skipped as rows past the sequence are.
+__device__ __forceinline__ int query_rows(const ForwardArgs& a, const SequenceRows& rows) {
+  return min(rows.len, a.query_rows);
+}
+
 // The key blocks that query tile qt (of kRows rows) of a sequence weighs (window_blocks); the
 // producer and the consumers walk the same ones.
 template <int kRows>
 __device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const SequenceRows& rows, int qt) {
-  const int first = qt * kRows, last = min(first + kRows, rows.len) - 1;
+  const int first = qt * kRows, last = min(first + kRows, query_rows(a, rows)) - 1;
   return window_blocks(a.window, first, last, kKeys, (rows.keys + kKeys - 1) / kKeys);
 }
 
@@ -56,9 +62,10 @@ template <int kRows>
 __device__ __forceinline__ int forward_work(const ForwardArgs& a, int p, int q_tiles) {
   const int qt = p % q_tiles;
   const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, p / q_tiles, a.seq, a.window);
-  if (qt * kRows >= rows.len) return 0;
+  const int queries = query_rows(a, rows);
+  if (qt * kRows >= queries) return 0;
   const BlockRange walk = key_walk<kRows>(a, rows, qt);
-  return (walk.hi - walk.lo) * 4 + min(kRows / 64, (rows.len - qt * kRows + 63) / 64);
+  return (walk.hi - walk.lo) * 4 + min(kRows / 64, (queries - qt * kRows + 63) / 64);
 }
 
 template <int D, int kRows>
@@ -140,7 +147,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       if (tc.bh < 0) break;
       const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
-      if (qt * kRows >= rows.len) continue;  // past a packed sequence's end (the consumers skip it too)
+      if (qt * kRows >= query_rows(a, rows)) continue;  // past the rows written (the consumers skip it too)
       const BlockRange walk = key_walk<kRows>(a, rows, qt);
       const int row0 = int(rows.first);
       const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
@@ -186,14 +193,15 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     if (tc.bh < 0) break;
     const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
-    if (qt * kRows >= rows.len) continue;
+    const int queries = query_rows(a, rows);
+    if (qt * kRows >= queries) continue;
     const BlockRange walk = key_walk<kRows>(a, rows, qt);
     const int row_in_tile = wg * 64 + wq * 16;
     const int warp_row0 = qt * kRows + row_in_tile;
     const int q_row0 = warp_row0 + g;  // this lane's rows: q_row0 and q_row0 + 8
 
     mbar_wait(q_full, q_iter++ & 1);
-    if (qt * kRows + wg * 64 >= rows.len) {  // every row of the group is past the sequence: hand the stages on
+    if (qt * kRows + wg * 64 >= queries) {  // every row of the group is past those written: hand the stages on
       __syncwarp();
       if (lane == 0) mbar_arrive(q_empty);
       for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
@@ -311,16 +319,16 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     }
     const int q_row1 = q_row0 + 8;
     if (t == 0 && a.stats) {
-      if (q_row0 < rows.len) a.stats[int64_t(bh) * S + q_row0] = make_float2(row_max[0], inv[0]);
-      if (q_row1 < rows.len) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
+      if (q_row0 < queries) a.stats[int64_t(bh) * S + q_row0] = make_float2(row_max[0], inv[0]);
+      if (q_row1 < queries) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
     }
     const float s0 = inv[0] * a.keep_scale, s1 = inv[1] * a.keep_scale;
     T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * D + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      if (q_row0 < rows.len)
+      if (q_row0 < queries)
         *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row0) * H + dt * 8) = pack<T>(o[4 * dt] * s0, o[4 * dt + 1] * s0);
-      if (q_row1 < rows.len)
+      if (q_row1 < queries)
         *reinterpret_cast<uint32_t*>(ctx + int64_t(q_row1) * H + dt * 8) =
             pack<T>(o[4 * dt + 2] * s1, o[4 * dt + 3] * s1);
     }

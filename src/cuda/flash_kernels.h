@@ -41,6 +41,9 @@ struct ForwardArgs {
   // the padded layout [B, heads, S], sequence b's row i at position i.
   const int32_t* row_start = nullptr;
   int window = -1;  // AttentionDims::window; packed, positions count from each sequence's start
+  // The rows of each sequence, from its first, whose context is written: 1 for
+  // AttentionDims::first_rows_only (the Hopper kernel; the others write every row).
+  int query_rows = 1 << 30;
 };
 
 struct BackwardArgs {

@@ -190,8 +190,10 @@ SequenceClassifier::AttentionPath SequenceClassifier::attention_path(const Backe
 }
 
 void SequenceClassifier::attention(Backend& be, BufferSource& mem, const Pass& p, int l,
-                                              const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx) {
-  const AttentionDims d = dims(p, l);
+                                              const Tensor& qkv, Tensor& stats, Tensor& keep, Tensor& ctx,
+                                              bool first_rows_only) {
+  AttentionDims d = dims(p, l);
+  d.first_rows_only = first_rows_only;
   Tensor ws = mem.take(Category::Workspace, "attention_workspace", -1, DType::F32,
                        {be.attention_workspace_elems(d, compute_)});
   const DropoutSpec drop = layer_dropout(p.drop, l, 0);
@@ -230,7 +232,8 @@ Tensor SequenceClassifier::attention_keep(const Backend& be, BufferSource& mem, 
                   {p.ad.batch, p.ad.heads, p.ad.seq, words});
 }
 
-void SequenceClassifier::saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l) {
+void SequenceClassifier::saved_attention(Backend& be, BufferSource& mem, const Pass& p, int l,
+                                         bool first_rows_only) {
   Saved& s = saved_[l];
   if (!p.packed() || p.packed_training) {  // packed inference keeps nothing for a backward
     s.attn_stats = row_stats(mem, "attention_row_stats", l, {p.ad.batch, p.ad.heads, p.ad.seq, 2});  // not [S, S]
@@ -239,7 +242,7 @@ void SequenceClassifier::saved_attention(Backend& be, BufferSource& mem, const P
     s.attn_stats = s.attn_keep = Tensor{};
   }
   s.ctx = activation(mem, "attention_context", l, {p.tokens, cfg_.hidden_size});
-  attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx);
+  attention(be, mem, p, l, s.qkv, s.attn_stats, s.attn_keep, s.ctx, first_rows_only);
 }
 
 void SequenceClassifier::recompute_context(Backend& be, BufferSource& mem, const Pass& p, int l) {
@@ -325,7 +328,7 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
                down_b = w(P.ffn_down.b);
   s.qkv = activation(mem, "qkv", l, {p.tokens, 3 * H});
   ops::linear_forward(be, x, w3(P.qkv.w, 3 * H, H), &qkv_b, s.qkv);
-  saved_attention(be, mem, p, l);
+  saved_attention(be, mem, p, l, first_tokens_only);
   // Past attention the layer is row by row: with first_tokens_only it runs on each
   // sequence's first token (its context and residual) and nothing else.
   const int64_t T = first_tokens_only ? p.batch.batch : p.tokens;

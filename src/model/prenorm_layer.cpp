@@ -36,7 +36,7 @@ void SequenceClassifier::prenorm_layer_forward(Backend& be, BufferSource& mem, c
   s.qkv = activation(mem, "qkv", l, {T, 3 * H});
   ops::linear_forward(be, *a, w3(P.qkv.w, 3 * H, H), ptr(qkv_b), s.qkv);
   rotate(be, p, l, s.qkv, false);
-  saved_attention(be, mem, p, l);
+  saved_attention(be, mem, p, l, first_tokens_only);
   // Past attention the layer is row by row: with first_tokens_only it runs on each
   // sequence's first token (its context and residual) and nothing else.
   if (first_tokens_only) T = p.batch.batch;

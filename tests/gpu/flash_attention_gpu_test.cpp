@@ -30,6 +30,7 @@
 #include "hone/backend.h"
 #include "hone/cpu_backend.h"
 #include "hone/cuda.h"
+#include "cuda/flash_hopper.h"
 #include "cuda/sdpa.h"
 #include "hone/error.h"
 #include "hone/ops.h"
@@ -633,6 +634,55 @@ TEST_F(FlashAttention, EveryLaunchInARowGivesTheSameOutput) {
       }
     }
   }
+}
+
+// Inference's last layer before a first-token head asks for each sequence's first row
+// alone (AttentionDims::first_rows_only): those rows are the whole forward's to the bit,
+// packed and padded, every head size, both kernel sets; lengths end inside the query tiles
+// and the key blocks, a block's first half (the last block's 64 keys) and its second.
+TEST_F(FlashAttention, FirstRowsOnlyAreTheWholeForwardsFirstRows) {
+  const std::vector<int32_t> lengths = {1, 64, 65, 77, 128, 129, 200, 256, 300, 511, 512};
+  const PackedBatch pb(lengths, 512);
+  for (int head_dim : {32, 64, 128})
+    for (bool packed : {true, false}) {
+      AttentionDims d{pb.batch, pb.seq, 2, head_dim, 1.0f / std::sqrt(float(head_dim))};
+      const int64_t H = d.hidden(), T = packed ? pb.tokens() : int64_t(d.batch) * d.seq;
+      DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{d.batch, d.seq}),
+          rs(gpu(), DType::I32, Shape{d.batch + 1}), ctx(gpu(), DType::BF16, Shape{T, H}),
+          work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
+          stats(gpu(), DType::F32, Shape{int64_t(d.batch) * d.heads * d.seq * 2});
+      Tensor no_stats, no_keep;
+      q.upload(uniform(T * 3 * H, 11 + head_dim, -2.0f, 2.0f));
+      m.upload_bytes(pb.mask.data());
+      rs.upload_bytes(pb.row_start.data());
+      for_each_kernel_set([&](const std::string& k) {
+        const std::string name = fmt::format("{}, head size {}, {}", k, head_dim, packed ? "packed" : "padded");
+        std::vector<uint16_t> whole;
+        for (bool first_only : {false, true}) {
+          d.first_rows_only = first_only;
+          ctx.mark_unwritten();
+          if (packed)
+            gpu().attention_forward_packed(q.t, rs.t, d, {}, no_stats, no_keep, ctx.t, work.t);
+          else
+            gpu().attention_forward(q.t, m.t, d, {}, stats.t, no_keep, ctx.t, work.t);
+          std::vector<uint16_t> bits = ctx.bits();
+          if (!first_only) {
+            whole = std::move(bits);
+            continue;
+          }
+          for (int b = 0; b < d.batch; ++b) {
+            const int64_t row = packed ? pb.row_start[size_t(b)] : int64_t(b) * d.seq;
+            EXPECT_TRUE(std::equal(bits.begin() + row * H, bits.begin() + (row + 1) * H, whole.begin() + row * H))
+                << name << ": sequence " << b << " (" << lengths[size_t(b)] << " tokens)";
+          }
+          // Hopper's kernel skips the other rows' work: the longest sequence's last row stays unwritten.
+          if (k == "flash" && cuda::flash::hopper_kernels_present()) {
+            const int64_t last = (packed ? pb.tokens() : int64_t(d.batch) * d.seq) - 1;
+            EXPECT_EQ(bits[size_t(last * H)], test::kUnwrittenHalf) << name;
+          }
+        }
+      });
+    }
 }
 
 // The same for training: forward with statistics (and dropout), then backward, each step
