@@ -587,6 +587,39 @@ TEST_F(FlashAttention, PackedTrainingSpeedAtVariedLengths) {
 
 // The forward computes each output element in one place, in one order, so launches in a row
 // on the same inputs give the same bits, and write every row (ctx cleared in between).
+// An inference forward's tensors (bf16, no statistics, no dropout) for pb, padded or packed,
+// qkv uniform in [-scale, scale]; run() launches it on every element marked unwritten and
+// returns the context's bits.
+struct InferenceForward {
+  bool packed;
+  int64_t H, T;
+  DeviceTensor q, m, rs, ctx, work, stats;
+  InferenceForward(Backend& gpu, const AttentionDims& d, const PackedBatch& pb, bool packed, uint64_t seed,
+                   float scale)
+      : packed(packed),
+        H(d.hidden()),
+        T(packed ? pb.tokens() : int64_t(d.batch) * d.seq),
+        q(gpu, DType::BF16, Shape{T, 3 * H}),
+        m(gpu, DType::I32, Shape{d.batch, d.seq}),
+        rs(gpu, DType::I32, Shape{d.batch + 1}),
+        ctx(gpu, DType::BF16, Shape{T, H}),
+        work(gpu, DType::F32, Shape{gpu.attention_workspace_elems(d, DType::BF16)}),
+        stats(gpu, DType::F32, Shape{int64_t(d.batch) * d.heads * d.seq * 2}) {
+    q.upload(uniform(T * 3 * H, seed, -scale, scale));
+    m.upload_bytes(pb.mask.data());
+    rs.upload_bytes(pb.row_start.data());
+  }
+  std::vector<uint16_t> run(Backend& gpu, const AttentionDims& d) {
+    Tensor no_stats, no_keep;
+    ctx.mark_unwritten();
+    if (packed)
+      gpu.attention_forward_packed(q.t, rs.t, d, {}, no_stats, no_keep, ctx.t, work.t);
+    else
+      gpu.attention_forward(q.t, m.t, d, {}, stats.t, no_keep, ctx.t, work.t);
+    return ctx.bits();
+  }
+};
+
 // Before the Q fence in flash_hopper_forward.cu, the Hopper forward's launches at batch 32
 // of lengths 16..512, packed and padded, differed in up to 57 Ki elements by up to 0.27
 // (H200); at full length, where the producer waits on key stages rather than on Q, they
@@ -602,25 +635,13 @@ TEST_F(FlashAttention, EveryLaunchInARowGivesTheSameOutput) {
     const PackedBatch pb(lengths, sh.seq);
     for (bool packed : {true, false}) {
       const AttentionDims d{pb.batch, sh.seq, sh.heads, 64, 0.125f};
-      const int64_t H = d.hidden(), T = packed ? pb.tokens() : int64_t(d.batch) * sh.seq;
-      DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{d.batch, sh.seq}),
-          rs(gpu(), DType::I32, Shape{d.batch + 1}), ctx(gpu(), DType::BF16, Shape{T, H}),
-          work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
-          stats(gpu(), DType::F32, Shape{int64_t(d.batch) * d.heads * sh.seq * 2});
-      Tensor no_stats, no_keep;
-      q.upload(uniform(T * 3 * H, 7, -1.0f, 1.0f));
-      m.upload_bytes(pb.mask.data());
-      rs.upload_bytes(pb.row_start.data());
+      const int64_t H = d.hidden();
+      InferenceForward f(gpu(), d, pb, packed, 7, 1.0f);
       const std::string name = fmt::format("{} x {} (lengths from {}), {} heads, {}", sh.batch, sh.seq, sh.shortest,
                                            sh.heads, packed ? "packed" : "padded");
       std::vector<uint16_t> first;
       for (int launch = 0; launch < 6; ++launch) {
-        ctx.mark_unwritten();
-        if (packed)
-          gpu().attention_forward_packed(q.t, rs.t, d, {}, no_stats, no_keep, ctx.t, work.t);
-        else
-          gpu().attention_forward(q.t, m.t, d, {}, stats.t, no_keep, ctx.t, work.t);
-        std::vector<uint16_t> bits = ctx.bits();
+        std::vector<uint16_t> bits = f.run(gpu(), d);
         ASSERT_EQ(std::count(bits.begin(), bits.end(), test::kUnwrittenHalf), 0) << name << ", launch " << launch;
         if (launch == 0) {
           first = std::move(bits);
@@ -646,26 +667,14 @@ TEST_F(FlashAttention, FirstRowsOnlyAreTheWholeForwardsFirstRows) {
   for (int head_dim : {32, 64, 128})
     for (bool packed : {true, false}) {
       AttentionDims d{pb.batch, pb.seq, 2, head_dim, 1.0f / std::sqrt(float(head_dim))};
-      const int64_t H = d.hidden(), T = packed ? pb.tokens() : int64_t(d.batch) * d.seq;
-      DeviceTensor q(gpu(), DType::BF16, Shape{T, 3 * H}), m(gpu(), DType::I32, Shape{d.batch, d.seq}),
-          rs(gpu(), DType::I32, Shape{d.batch + 1}), ctx(gpu(), DType::BF16, Shape{T, H}),
-          work(gpu(), DType::F32, Shape{gpu().attention_workspace_elems(d, DType::BF16)}),
-          stats(gpu(), DType::F32, Shape{int64_t(d.batch) * d.heads * d.seq * 2});
-      Tensor no_stats, no_keep;
-      q.upload(uniform(T * 3 * H, 11 + head_dim, -2.0f, 2.0f));
-      m.upload_bytes(pb.mask.data());
-      rs.upload_bytes(pb.row_start.data());
+      const int64_t H = d.hidden();
+      InferenceForward f(gpu(), d, pb, packed, uint64_t(11 + head_dim), 2.0f);
       for_each_kernel_set([&](const std::string& k) {
         const std::string name = fmt::format("{}, head size {}, {}", k, head_dim, packed ? "packed" : "padded");
         std::vector<uint16_t> whole;
         for (bool first_only : {false, true}) {
           d.first_rows_only = first_only;
-          ctx.mark_unwritten();
-          if (packed)
-            gpu().attention_forward_packed(q.t, rs.t, d, {}, no_stats, no_keep, ctx.t, work.t);
-          else
-            gpu().attention_forward(q.t, m.t, d, {}, stats.t, no_keep, ctx.t, work.t);
-          std::vector<uint16_t> bits = ctx.bits();
+          std::vector<uint16_t> bits = f.run(gpu(), d);
           if (!first_only) {
             whole = std::move(bits);
             continue;
@@ -677,8 +686,7 @@ TEST_F(FlashAttention, FirstRowsOnlyAreTheWholeForwardsFirstRows) {
           }
           // Hopper's kernel skips the other rows' work: the longest sequence's last row stays unwritten.
           if (k == "flash" && cuda::flash::hopper_kernels_present()) {
-            const int64_t last = (packed ? pb.tokens() : int64_t(d.batch) * d.seq) - 1;
-            EXPECT_EQ(bits[size_t(last * H)], test::kUnwrittenHalf) << name;
+            EXPECT_EQ(bits[size_t((f.T - 1) * H)], test::kUnwrittenHalf) << name;
           }
         }
       });
