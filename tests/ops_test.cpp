@@ -426,6 +426,30 @@ TEST(OpsAttention, WrapperChecksShapesAndWorkspace) {
   EXPECT_THROW(ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {1.5f, 0, 0}, c.stats.t, c.keep, c.ctx.t, c.work.t), Error);
 }
 
+// first_rows_only (inference's last layer) is a forward's choice without dropout: the CPU
+// writes every row anyway, and a backward or a dropped forward with it is an error.
+TEST(OpsAttention, FirstRowsOnlyIsAForwardsChoiceWithoutDropout) {
+  CpuBackend be;
+  AttentionCase c(be);
+  HostTensor whole(DType::F32, c.ctx.t.shape);
+  ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, whole.t, c.work.t);
+  AttentionDims first = c.d;
+  first.first_rows_only = true;
+  ops::attention_forward(be, c.qkv.t, c.mask.t, first, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+  EXPECT_TRUE(std::equal(c.ctx.f(), c.ctx.f() + c.ctx.t.numel(), whole.f()));
+  EXPECT_EQ(error_of([&] {
+              ops::attention_forward(be, c.qkv.t, c.mask.t, first, {0.1f, 1, 2}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+            }),
+            "attention_forward: first_rows_only is for an inference forward, without dropout");
+  HostTensor dqkv(DType::F32, c.qkv.t.shape);
+  EXPECT_EQ(error_of([&] {
+              ops::attention_backward(be, c.ctx.t, c.qkv.t, c.ctx.t, c.mask.t, c.stats.t, c.keep, first, {}, dqkv.t,
+                                      c.work.t);
+            }),
+            "attention_backward: first_rows_only is for an inference forward, without dropout; a backward needs "
+            "every row");
+}
+
 // ---------------------------------------------------------------------------- sliding-window attention
 
 // Nine tokens, so that windows 0, 1 and 3 leave keys out of most rows. Sequence 0 pads its

@@ -39,10 +39,19 @@ void check_dims(const char* op, const AttentionDims& d) {
   if (d.window < -1) fail("{}: window {} must be -1 (no window) or a distance >= 0", op, d.window);
 }
 
+// first_rows_only leaves rows of the context (and their statistics) unwritten: a forward's
+// choice in inference, never a backward's, nor with dropout.
+void check_first_rows(const char* op, const AttentionDims& d, const DropoutSpec& drop, bool backward) {
+  if (d.first_rows_only && (backward || drop.p > 0.0f))
+    fail("{}: first_rows_only is for an inference forward, without dropout{}", op,
+         backward ? "; a backward needs every row" : "");
+}
+
 void check_attention(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop,
                      const Tensor& qkv, const Tensor& mask, const Tensor& stats, const Tensor& keep,
-                     const Tensor& workspace) {
+                     const Tensor& workspace, bool backward) {
   check_dims(op, d);
+  check_first_rows(op, d, drop, backward);
   detail::expect_dropout(op, drop);
   const int64_t tokens = int64_t(d.batch) * d.seq;
   detail::expect_compute(be, op, "qkv", qkv);
@@ -83,7 +92,7 @@ int attention_keep_words(const Backend& be, const AttentionDims& d, DType t, con
 
 void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                        const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
-  check_attention("attention_forward", be, d, drop, qkv, mask, stats, keep, workspace);
+  check_attention("attention_forward", be, d, drop, qkv, mask, stats, keep, workspace, false);
   detail::expect("attention_forward", "ctx", ctx, qkv.dtype, {int64_t(d.batch) * d.seq, d.hidden()});
   if (be.dry_run) return;
   detail::OpScope scope(be, "attention_forward", OpClass::Attention,
@@ -94,7 +103,7 @@ void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const
 void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& mask,
                         const Tensor& stats, const Tensor& keep, const AttentionDims& d, const DropoutSpec& drop,
                         Tensor& dqkv, Tensor& workspace) {
-  check_attention("attention_backward", be, d, drop, qkv, mask, stats, keep, workspace);
+  check_attention("attention_backward", be, d, drop, qkv, mask, stats, keep, workspace, true);
   const int64_t tokens = int64_t(d.batch) * d.seq;
   detail::expect("attention_backward", "dctx", dctx, qkv.dtype, {tokens, d.hidden()});
   detail::expect("attention_backward", "ctx", ctx, qkv.dtype, {tokens, d.hidden()});
@@ -113,8 +122,9 @@ namespace {
 // does (the padded layout of d); inference, that nothing is dropped.
 void check_packed(const char* op, Backend& be, const AttentionDims& d, const DropoutSpec& drop, const Tensor& qkv,
                   const Tensor& row_start, const Tensor& stats, const Tensor& keep, const Tensor& workspace,
-                  bool training) {
+                  bool training, bool backward = false) {
   check_dims(op, d);
+  check_first_rows(op, d, drop, backward);
   detail::expect_dropout(op, drop);
   detail::expect_compute(be, op, "qkv", qkv);
   detail::expect_rank(op, "qkv", qkv, 2);
@@ -168,7 +178,7 @@ void attention_backward_packed(Backend& be, const Tensor& dctx, const Tensor& qk
                                const Tensor& row_start, const Tensor& stats, const Tensor& keep, const AttentionDims& d,
                                const DropoutSpec& drop, Tensor& dqkv, Tensor& workspace) {
   const char* op = "attention_backward_packed";
-  check_packed(op, be, d, drop, qkv, row_start, stats, keep, workspace, true);
+  check_packed(op, be, d, drop, qkv, row_start, stats, keep, workspace, true, true);
   const int64_t T = qkv.shape[0];
   detail::expect(op, "dctx", dctx, qkv.dtype, {T, d.hidden()});
   detail::expect(op, "ctx", ctx, qkv.dtype, {T, d.hidden()});
