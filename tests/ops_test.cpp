@@ -749,6 +749,16 @@ TEST(OpsAttentionWindow, FlopsCountTheWindowsPairsAndTheWrapperChecksTheWindow) 
   EXPECT_EQ(profiled_flops(3), (4 + 5 + 6 + 7 * 3 + 6 + 5 + 4) * per_pair);  // rows 0..8: 4 5 6 7 7 7 6 5 4
   EXPECT_EQ(profiled_flops(8), 81 * per_pair);
   EXPECT_EQ(profiled_flops(100), 81 * per_pair);
+  {  // first rows only: query 0's pairs, 9 without a window and 2 at window 1
+    for (const auto& [window, pairs] : {std::pair{-1, 9}, std::pair{1, 2}}) {
+      WindowCase c(be, window);
+      c.d.first_rows_only = true;
+      OpProfiler profiler(be);
+      profiler.start();
+      ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t);
+      EXPECT_EQ(profiler.finish().ops.at(0).cost.flops, pairs * per_pair) << "window " << window;
+    }
+  }
 
   WindowCase c(be, -2);
   EXPECT_EQ(error_of([&] { ops::attention_forward(be, c.qkv.t, c.mask.t, c.d, {}, c.stats.t, c.keep, c.ctx.t, c.work.t); }),

@@ -67,12 +67,14 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
 }
 
 // Q K^T and P V over every (batch, head): 2 * 2 * head_dim per (query, key) pair that
-// has weight, S * S of them without a window.
+// has weight, S * S of them without a window; only the first query's with first_rows_only
+// (the work its reader needs, whether or not the backend leaves the rest out).
 double attention_flops(const AttentionDims& d) {
-  double pairs = double(d.seq) * d.seq;
+  const int queries = d.first_rows_only ? 1 : d.seq;
+  double pairs = double(queries) * d.seq;
   if (d.window >= 0 && d.window < d.seq) {
     pairs = 0;
-    for (int i = 0; i < d.seq; ++i) {
+    for (int i = 0; i < queries; ++i) {
       const auto [lo, hi] = window_keys(d.window, i, d.seq);
       pairs += hi - lo;
     }
