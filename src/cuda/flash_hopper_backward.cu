@@ -1,7 +1,7 @@
 // Flash attention backward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
 // persistent kernel, one CTA per SM taking tiles heaviest first (tile_order.h), of two
-// consumer warpgroups and a producer warpgroup (one warp of it works). A tile is 128 keys of one (sequence, head), 64 per consumer
-// warpgroup; the producer streams K and V once per tile and then every query block (64
+// consumer warpgroups and a producer warpgroup (one warp of it works). A tile is 128 keys
+// of one (sequence, head), 64 per consumer warpgroup; the producer streams K and V once per tile and then every query block (64
 // queries: Q, dO through TMA, the forward's {max, 1 / sum} and D = rowsum(dO * O) through
 // plain loads) through a ring of swizzled stages (HeadTile). Per query block a consumer
 // warpgroup issues, as warpgroup MMAs with its K and V fragments in registers (from shared
@@ -178,6 +178,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   const int key_tiles = (S + kKeys - 1) / kKeys;
   const int tiles = key_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
+  const bool packed = a.row_start != nullptr;
   // Null for plain turns; the loops below recompute it from the arguments rather than hold it.
   const auto tile_order = [&] {
     return orders_tiles(batch, S) ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order) : nullptr;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int k = 0;; ++k) {
-      const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, a.row_start != nullptr);
+      const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, packed);
       if (tc.bh < 0) break;
       const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
@@ -244,7 +245,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
   for (int k = 0;; ++k) {
-    const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, a.row_start != nullptr);
+    const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, packed);
     if (tc.bh < 0) break;
     const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);

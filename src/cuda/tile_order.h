@@ -24,7 +24,8 @@ constexpr int kWorkKeys = 256;
 struct TileOrderSmem {
   size_t work, order, count, end;  // U8 [kMaxOrderedPairs], U16 [kMaxOrderedPairs], I32 [kWorkKeys]
   static constexpr TileOrderSmem at(size_t at) {
-    return {at, at + kMaxOrderedPairs, at + 3 * size_t(kMaxOrderedPairs), at + 3 * size_t(kMaxOrderedPairs) + 4 * kWorkKeys};
+    const size_t count = at + 3 * size_t(kMaxOrderedPairs);
+    return {at, at + kMaxOrderedPairs, count, count + 4 * kWorkKeys};
   }
 };
 
