@@ -5,11 +5,13 @@
 // compute dtype alone); the varlen batch runs packed, without its padding, in half precision. Prints one JSON line per configuration: samples/s, the plan's
 // device bytes and the process's GPU memory (NVML). With --profile, five more passes of
 // each shape run under the op profiler and its table follows the line: where the time goes.
-// Usage: infer_bench [--profile] [bf16|fp16|tf32 ...]   (default: bf16)
+// Usage: infer_bench [--profile] [--shape BxS[v] ...] [bf16|fp16|tf32 ...]   (default: bf16 and
+// the four shapes below; v: lengths uniform in 16..S)
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <random>
@@ -119,10 +121,30 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "infer_bench: no GPU: {}\n", why);
       return 1;
     }
-    std::vector<std::string> precisions(argv + 1, argv + argc);
-    const bool profile = !precisions.empty() && precisions.front() == "--profile";
-    if (profile) precisions.erase(precisions.begin());
+    std::vector<std::string> precisions;
+    std::vector<Shape2> shapes;
+    bool profile = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--profile") {
+        profile = true;
+      } else if (arg == "--shape" && i + 1 < argc) {
+        Shape2 s{};
+        char v = 0;
+        const int n = std::sscanf(argv[++i], "%dx%d%c", &s.batch, &s.seq, &v);
+        if (n < 2 || s.batch < 1 || s.seq < 16 || (n == 3 && v != 'v')) {
+          fmt::print(stderr, "infer_bench: --shape takes BxS or BxSv (S >= 16), not '{}'\n", argv[i]);
+          return 2;
+        }
+        s.varlen = n == 3;
+        shapes.push_back(s);
+      } else {
+        precisions.push_back(arg);
+      }
+    }
     if (precisions.empty()) precisions = {"bf16"};
+    if (shapes.empty())
+      shapes = {Shape2{64, 128, false}, Shape2{64, 512, false}, Shape2{64, 512, true}, Shape2{1, 128, false}};
     const ModelConfig c = *builtin_config("bert-large-uncased");
     const ParamLayout layout(c);
     std::vector<float> weights(size_t(layout.count()));
@@ -133,8 +155,7 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "infer_bench: unknown precision '{}' (bf16, fp16 or tf32)\n", p);
         return 2;
       }
-      for (const Shape2 s : {Shape2{64, 128, false}, Shape2{64, 512, false}, Shape2{64, 512, true}, Shape2{1, 128, false}})
-        bench(p, c, weights, s, g, profile);
+      for (const Shape2 s : shapes) bench(p, c, weights, s, g, profile);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "infer_bench: {}\n", e.what());
