@@ -172,9 +172,10 @@ void check_call(const Tensor& qkv, const AttentionDims& d, const DropoutSpec& dr
 }
 
 // The checks of a padded call in either direction; returns the key lengths, computed into
-// the workspace.
+// the workspace, or null without a launch where the kernel takes them from the mask itself.
 int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const Tensor& stats,
-                 const AttentionDims& d, const DropoutSpec& drop, const Tensor& workspace) {
+                 const AttentionDims& d, const DropoutSpec& drop, const Tensor& workspace,
+                 bool kernel_reads_mask = false) {
   check_call(qkv, d, drop);
   const int64_t T = int64_t(d.batch) * d.seq;
   check_tensor(qkv, qkv.dtype, T * 3 * d.hidden(), "qkv");
@@ -182,6 +183,7 @@ int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, con
   check_tensor(stats, DType::F32, T * d.heads * 2, "stats");
   const FlashScratch f = flash_scratch(d);
   check_tensor(workspace, DType::F32, f.total, "the attention workspace");
+  if (kernel_reads_mask) return nullptr;
   int32_t* key_lengths = reinterpret_cast<int32_t*>(workspace.f32() + f.key_lengths);
   key_lengths_kernel<<<d.batch, kThreads, 0, stream>>>(mask.ptr<int32_t>(), d.seq, key_lengths);
   HONE_CUDA_LAUNCH_CHECK();
@@ -333,7 +335,8 @@ void run_backward(cudaStream_t stream, flash::BackwardArgs a, const Tensor& dctx
 
 void flash_forward(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, const AttentionDims& d,
                    const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
-  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace);
+  const bool kernel_reads_mask = use_hopper(d) && flash::mask_lengths_in_kernel(d.batch, d.seq);
+  const int32_t* key_lengths = prepare(stream, qkv, mask, stats, d, drop, workspace, kernel_reads_mask);
   const int64_t T = int64_t(d.batch) * d.seq;
   check_tensor(ctx, qkv.dtype, T * d.hidden(), "ctx");
   uint32_t* bits = keep_bits(keep, d, drop);

@@ -59,9 +59,9 @@ __device__ __forceinline__ BlockRange key_walk(const ForwardArgs& a, const Seque
 
 // The work key of pair p = b q_tiles + qt (orders_tiles).
 template <int kRows>
-__device__ __forceinline__ int forward_work(const ForwardArgs& a, int p, int q_tiles) {
+__device__ __forceinline__ int forward_work(const ForwardArgs& a, const int32_t* key_lengths, int p, int q_tiles) {
   const int qt = p % q_tiles;
-  const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, p / q_tiles, a.seq, a.window);
+  const SequenceRows rows = sequence_rows(a.row_start, key_lengths, p / q_tiles, a.seq, a.window);
   const int queries = query_rows(a, rows);
   if (qt * kRows >= queries) return 0;
   const BlockRange walk = key_walk<kRows>(a, rows, qt);
@@ -82,7 +82,8 @@ struct Smem {
   static constexpr size_t kBits = kBias + size_t(kStages) * kKeys * 4;  // [kStages][kRows][4] U32
   static constexpr size_t kBars = kBits + size_t(kStages) * kRows * 16;  // mbarriers
   static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 + 2 * kStages) * 8);
-  static constexpr size_t kBytes = kOrder.end + 1024;  // + alignment slack
+  static constexpr size_t kLengths = kOrder.end;  // I32 [kMaskLengthsBatch]: key lengths from the mask
+  static constexpr size_t kBytes = kLengths + 4 * kMaskLengthsBatch + 1024;  // + alignment slack
 };
 
 template <typename T, int D>
@@ -127,6 +128,21 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   const int tiles = q_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
   const bool packed = a.row_start != nullptr;
+  // Small padded calls come without key lengths (mask_lengths_in_kernel): each CTA takes
+  // them from the mask, a warp a sequence, rather than a launch of its own per layer.
+  const int32_t* key_lengths = a.key_lengths;
+  if (!packed && !key_lengths) {
+    int32_t* lengths = reinterpret_cast<int32_t*>(smem + L::kLengths);
+    for (int b = warp; b < batch; b += blockDim.x / 32) {
+      int last = -1;
+      for (int j = lane; j < S; j += 32)
+        if (a.mask[int64_t(b) * S + j] != 0) last = j;
+      for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+      if (lane == 0) lengths[b] = last >= 0 ? last + 1 : S;  // as key_lengths_kernel
+    }
+    __syncthreads();
+    key_lengths = lengths;
+  }
   // Null for plain turns; the loops below recompute it from the arguments rather than hold
   // it. (With the tile lookups ptxas reports 8-36 bytes of spill stores, against none in
   // turns; dense batches ran within 1% of before.)
@@ -135,7 +151,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   };
   if (tile_order())
     sort_pairs_by_work(
-        batch * q_tiles, [&](int p) { return forward_work<kRows>(a, p, q_tiles); }, smem + L::kOrder.work,
+        batch * q_tiles, [&](int p) { return forward_work<kRows>(a, key_lengths, p, q_tiles); }, smem + L::kOrder.work,
         tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
@@ -146,7 +162,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       const TileCoords tc = cta_tile(tile_order(), k, tiles, q_tiles, a.heads, batch * a.heads, packed);
       if (tc.bh < 0) break;
       const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
-      const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+      const SequenceRows rows = sequence_rows(a.row_start, key_lengths, b, S, a.window);
       if (qt * kRows >= query_rows(a, rows)) continue;  // past the rows written (the consumers skip it too)
       const BlockRange walk = key_walk<kRows>(a, rows, qt);
       const int row0 = int(rows.first);
@@ -192,7 +208,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     const TileCoords tc = cta_tile(tile_order(), k, tiles, q_tiles, a.heads, batch * a.heads, packed);
     if (tc.bh < 0) break;
     const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
-    const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+    const SequenceRows rows = sequence_rows(a.row_start, key_lengths, b, S, a.window);
     const int queries = query_rows(a, rows);
     if (qt * kRows >= queries) continue;
     const BlockRange walk = key_walk<kRows>(a, rows, qt);
