@@ -270,7 +270,9 @@ TEST(AttentionChoice, UnknownValuesAreAnErrorListingTheChoices) {
 
 // Right padding, holes and every key masked, for each head size, an odd length (77: tail
 // tiles and the per-element dropout draws) and a multiple of 8 (128: two key tiles, one
-// Philox block per eight keys).
+// Philox block per eight keys). Calls this small have the Hopper forward take the key
+// lengths from the mask itself (mask_lengths_in_kernel); the larger padded calls of
+// EveryTileIsComputedInEitherTileOrder get them from their own launch.
 TEST_F(FlashAttention, MatchesCpuReference) {
   for (int head_dim : {16, 32, 64, 128})
     for (int S : {77, 128}) {
