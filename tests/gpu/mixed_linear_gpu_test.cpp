@@ -145,6 +145,28 @@ TEST_F(GpuMixed, LayerNormInHalfTypesMatchesF32) {
   }
 }
 
+// A launch whose blocks fill the GPU at most once stages gamma and beta in shared memory;
+// a larger one reads them from global memory. The same rows give the same bits either way.
+TEST_F(GpuMixed, LayerNormGivesTheSameBitsWhetherItStagesItsParameters) {
+  Backend& g = gpu();
+  const int R = 4096, C = 1024, few = 64;  // 512 blocks of 8 rows, and 8
+  for (DType t : kHalfTypes) {
+    HostTensor x = representable(t, {R, C}, 1, -1.0f, 3.0f), gamma = representable(t, {C}, 2, 0.5f, 1.5f);
+    HostTensor beta = representable(t, {C}, 3);
+    HostTensor head = filled({few, C}, 0);
+    std::copy(x.f(), x.f() + few * C, head.f());
+    DeviceTensor gx(g, t, x), gfew(g, t, head), ggamma(g, t, gamma), gbeta(g, t, beta);
+    DeviceTensor gy(g, t, Shape{R, C}), gmean(g, DType::F32, Shape{R}), grstd(g, DType::F32, Shape{R});
+    DeviceTensor gy_few(g, t, Shape{few, C}), gmean_few(g, DType::F32, Shape{few}), grstd_few(g, DType::F32, Shape{few});
+    g.layernorm_forward(gx.t, ggamma.t, gbeta.t, 1e-12f, gy.t, gmean.t, grstd.t);
+    g.layernorm_forward(gfew.t, ggamma.t, gbeta.t, 1e-12f, gy_few.t, gmean_few.t, grstd_few.t);
+    const std::vector<float> y = gy.download(), y_few = gy_few.download();
+    const std::vector<float> mean = gmean.download(), mean_few = gmean_few.download();
+    for (size_t i = 0; i < y_few.size(); ++i) ASSERT_EQ(y[i], y_few[i]) << dtype_name(t) << " y " << i;
+    for (size_t r = 0; r < mean_few.size(); ++r) ASSERT_EQ(mean[r], mean_few[r]) << dtype_name(t) << " mean " << r;
+  }
+}
+
 // ---------------------------------------------------------------------------- optimizer
 
 // One AdamW list on both backends: slices of odd and large sizes, one without a rounded
