@@ -30,9 +30,9 @@ bool hopper_kernels_present();
 // Query rows of the forward's tiles, 64 a consumer warpgroup: three groups up to head size
 // 64, two at 128, where Q and O fragments leave registers for no more.
 constexpr int hopper_forward_rows(int head_dim) { return head_dim <= 64 ? 192 : 128; }
-// Padded calls of at most this many sequences and mask_lengths_tokens tokens may leave
-// a.key_lengths null: the forward then takes them from the mask itself, sparing a launch
-// (at batch 1 x 128 the launch took a fifth as long as the attention).
+// Padded calls of at most kMaskLengthsBatch sequences and kMaskLengthsTokens tokens may
+// leave a.key_lengths null: the forward then takes them from the mask itself, sparing a
+// launch (at batch 1 x 128 the launch took a fifth as long as the attention).
 constexpr int kMaskLengthsBatch = 256;
 constexpr int64_t kMaskLengthsTokens = 4096;
 constexpr bool mask_lengths_in_kernel(int batch, int seq) {
