@@ -21,20 +21,11 @@ namespace {
 using flash::pack;
 using flash::unpack;
 
-// key_lengths[b] = 1 + the last attended key of sequence b: keys past it get no weight in
-// any row, so the kernels stop there. A sequence with no attended key gets S: all of its
-// rows are uniform over every key, as on the CPU.
+// key_lengths[b] = flash::warp_key_length of sequence b: one warp a sequence.
 __global__ void key_lengths_kernel(const int32_t* __restrict__ mask, int S, int32_t* __restrict__ key_lengths) {
-  __shared__ int scratch[32];
   const int b = blockIdx.x;
-  int last = -1;
-  for (int j = threadIdx.x; j < S; j += blockDim.x)
-    if (mask[int64_t(b) * S + j] != 0) last = j;
-  last = block_reduce(last, scratch, -1, [](int v) {
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-  });
-  if (threadIdx.x == 0) key_lengths[b] = last >= 0 ? last + 1 : S;
+  const int length = flash::warp_key_length(mask + int64_t(b) * S, S, int(threadIdx.x));
+  if (threadIdx.x == 0) key_lengths[b] = length;
 }
 
 // keep_bits[row * W + w], row = (b heads + h) S + query, holds in bit k whether dropout
@@ -185,7 +176,7 @@ int32_t* prepare(cudaStream_t stream, const Tensor& qkv, const Tensor& mask, con
   check_tensor(workspace, DType::F32, f.total, "the attention workspace");
   if (kernel_reads_mask) return nullptr;
   int32_t* key_lengths = reinterpret_cast<int32_t*>(workspace.f32() + f.key_lengths);
-  key_lengths_kernel<<<d.batch, kThreads, 0, stream>>>(mask.ptr<int32_t>(), d.seq, key_lengths);
+  key_lengths_kernel<<<d.batch, 32, 0, stream>>>(mask.ptr<int32_t>(), d.seq, key_lengths);
   HONE_CUDA_LAUNCH_CHECK();
   return key_lengths;
 }

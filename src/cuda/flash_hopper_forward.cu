@@ -134,11 +134,8 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   if (!packed && !key_lengths) {
     int32_t* lengths = reinterpret_cast<int32_t*>(smem + L::kLengths);
     for (int b = warp; b < batch; b += blockDim.x / 32) {
-      int last = -1;
-      for (int j = lane; j < S; j += 32)
-        if (a.mask[int64_t(b) * S + j] != 0) last = j;
-      for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
-      if (lane == 0) lengths[b] = last >= 0 ? last + 1 : S;  // as key_lengths_kernel
+      const int length = warp_key_length(a.mask + int64_t(b) * S, S, lane);
+      if (lane == 0) lengths[b] = length;
     }
     __syncthreads();
     key_lengths = lengths;

@@ -188,6 +188,18 @@ __device__ __forceinline__ float finite_max(float m) { return m == -INFINITY ? 0
 
 // ---------------------------------------------------------------- sequences
 
+// 1 + the last attended key of a padded sequence (its mask row of S entries), found by the
+// 32 lanes of a warp, each of which gets it: keys past it get no weight in any row, so the
+// kernels stop there. A sequence with no attended key gets S: all of its rows are uniform
+// over every key, as on the CPU.
+__device__ __forceinline__ int warp_key_length(const int32_t* mask_row, int S, int lane) {
+  int last = -1;
+  for (int j = lane; j < S; j += 32)
+    if (mask_row[j] != 0) last = j;
+  for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+  return last >= 0 ? last + 1 : S;
+}
+
 // Where sequence b's rows are: padded, rows b S .. b S + S - 1, keys up to
 // weighted_keys(); packed (row_start set), rows row_start[b] .. row_start[b + 1] - 1, every
 // one a key. Rows and keys at or past `len` are another sequence's or none.

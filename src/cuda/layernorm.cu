@@ -155,15 +155,14 @@ __global__ void __launch_bounds__(1024)
   extern __shared__ __align__(16) unsigned char staged_params[];
   T* s_gamma = reinterpret_cast<T*>(staged_params);
   T* s_beta = s_gamma + cols;
-  if constexpr (W > 1) {
-    if (staged) {
-      const int threads = int(blockDim.x * blockDim.y);
-      for (int c = int(threadIdx.y * blockDim.x + threadIdx.x) * W; c < cols; c += threads * W) {
-        __pipeline_memcpy_async(s_gamma + c, gamma + c, sizeof(T) * W);
-        if (beta) __pipeline_memcpy_async(s_beta + c, beta + c, sizeof(T) * W);
-      }
-      __pipeline_commit();
+  staged = W > 1 && staged;  // 16-byte runs only
+  if (staged) {
+    const int threads = int(blockDim.x * blockDim.y);
+    for (int c = int(threadIdx.y * blockDim.x + threadIdx.x) * W; c < cols; c += threads * W) {
+      __pipeline_memcpy_async(s_gamma + c, gamma + c, sizeof(T) * W);
+      if (beta) __pipeline_memcpy_async(s_beta + c, beta + c, sizeof(T) * W);
     }
+    __pipeline_commit();
   }
   float v[G][W];
   float sum = 0.0f;
@@ -194,13 +193,13 @@ __global__ void __launch_bounds__(1024)
     for (int t = 0; t < W; ++t) sq += (v[g][t] - mu) * (v[g][t] - mu);
   }
   const float rs = 1.0f / sqrtf(cuda::row_sum(sq) / cols + eps);
-  if (W > 1 && staged) {
+  if (staged) {
     __pipeline_wait_prior(0);
     __syncthreads();
   }
   if (!live) return;
-  const T* gm_src = W > 1 && staged ? s_gamma : gamma;
-  const T* bt_src = W > 1 && staged ? s_beta : beta;
+  const T* gm_src = staged ? s_gamma : gamma;
+  const T* bt_src = staged ? s_beta : beta;
   #pragma unroll
   for (int g = 0; g < G; ++g) {
     const int c = (g * blockDim.x + threadIdx.x) * W;
