@@ -872,6 +872,63 @@ TEST(OpsLayerNorm, FusedResidualOpsEqualTheUnfusedOpsBitForBit) {
     }
 }
 
+// A split product's parts are the products of x's and w's column slices; their residual
+// LayerNorm is the unfused ops' on the product (to F32 rounding: the sums take another
+// order). The combined op runs those ops themselves on the CPU, which splits nothing.
+TEST(OpsLayerNorm, SplitProductPartsAndTheirResidualNormAreTheUnfusedOps) {
+  CpuBackend be;
+  const int M = 5, K = 12, N = 7;
+  const float eps = 1e-12f;
+  HostTensor x = random({M, K}, 1), w = random({N, K}, 2), b = random({N}, 3), res = random({M, N}, 4, -1.0f, 3.0f);
+  HostTensor g = random({N}, 5, 0.5f, 1.5f), beta = random({N}, 6);
+  HostTensor out(DType::F32, {M, N}), y(DType::F32, {M, N}), mean(DType::F32, {M}), rstd(DType::F32, {M});
+  Tensor no_sum;
+  ops::linear_forward(be, x.t, w.t, &b.t, out.t);
+  ops::dropout_add_layernorm_forward(be, out.t, res.t, {}, g.t, beta.t, eps, no_sum, y.t, mean.t, rstd.t);
+  const auto doubles = [](HostTensor& h) { return std::vector<double>(h.f(), h.f() + h.n()); };
+  for (int splits : {1, 2, 3, 4}) {
+    const std::string at = std::to_string(splits) + " parts";
+    HostTensor parts = filled({splits, M, N}, 9.0f);
+    ops::linear_split_forward(be, x.t, w.t, parts.t);
+    const int ks = K / splits;
+    std::vector<double> want(size_t(splits) * M * N);
+    for (int s = 0; s < splits; ++s)
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j)
+          for (int k = s * ks; k < (s + 1) * ks; ++k)
+            want[(size_t(s) * M + i) * N + j] += double(x.f()[i * K + k]) * w.f()[j * K + k];
+    expect_close("parts, " + at, parts.f(), want);
+    HostTensor py = filled({M, N}, 9.0f), pmean(DType::F32, {M}), prstd(DType::F32, {M});
+    ops::parts_add_layernorm_forward(be, parts.t, &b.t, res.t, g.t, beta.t, eps, py.t, pmean.t, prstd.t);
+    expect_close("y, " + at, py.f(), doubles(y));
+    expect_close("mean, " + at, pmean.f(), doubles(mean));
+    expect_close("rstd, " + at, prstd.f(), doubles(rstd));
+  }
+  EXPECT_EQ(be.linear_splits(M, N, K, DType::F32), 1);
+  HostTensor work = filled({ops::linear_add_layernorm_work(be, M, N, K, DType::F32)}, 9.0f);
+  HostTensor cy(DType::F32, {M, N}), cmean(DType::F32, {M}), crstd(DType::F32, {M});
+  ops::linear_add_layernorm_forward(be, x.t, w.t, &b.t, res.t, g.t, beta.t, eps, work.t, cy.t, cmean.t, crstd.t);
+  expect_same_bits("y of the combined op", cy, y);
+  expect_same_bits("mean of the combined op", cmean, mean);
+  expect_same_bits("rstd of the combined op", crstd, rstd);
+
+  HostTensor five = filled({5, M, N}, 0.0f), small = filled({M * N - 1}, 0.0f);
+  EXPECT_EQ(error_of([&] { ops::linear_split_forward(be, x.t, w.t, five.t); }),
+            "linear_split_forward: 5 parts do not divide x's 12 columns");
+  EXPECT_EQ(error_of([&] {
+              ops::linear_add_layernorm_forward(be, x.t, w.t, &b.t, res.t, g.t, beta.t, eps, small.t, cy.t, cmean.t,
+                                                crstd.t);
+            }),
+            "linear_add_layernorm_forward: work of 34 elements is less than the product's 5 x 7");
+  HostTensor parts = filled({2, M, N}, 0.0f);
+  Tensor first_part = parts.t.view({2 * M, N}).rows(0, M);
+  EXPECT_EQ(error_of([&] {
+              ops::parts_add_layernorm_forward(be, parts.t, &b.t, res.t, g.t, beta.t, eps, first_part, cmean.t,
+                                               crstd.t);
+            }),
+            "parts_add_layernorm_forward: y shares memory with the input parts");
+}
+
 TEST(OpsLayerNorm, FusedResidualWrappersCheckShapesAndAliasing) {
   CpuBackend be;
   const int R = 3, C = 4;

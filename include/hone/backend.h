@@ -306,6 +306,13 @@ class Backend {
 
   // y[M,N] = x[M,K] w[N,K]^T + b[N]   (b may be null)
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) = 0;
+  // A product split over k, for few rows (CUDA: small inference batches), whose sum
+  // parts_add_layernorm_forward takes in place of a split-k product's own reduction pass:
+  // parts [S, M, N] F32, parts[s] = x[:, s*K/S, (s+1)*K/S) w[:, same]^T, S dividing K.
+  virtual void linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) = 0;
+  // The slices of k that linear_split_forward should take for [M, N] = [M, K] [N, K]^T in
+  // dtype t: 1 where the backend's plain product serves best (every product on the CPU).
+  virtual int linear_splits(int64_t m, int64_t n, int64_t k, DType t) const { return 1; }
   // dx[M,K] = dy[M,N] w (added to dx when accumulate_dx); dw += dy^T x; db += column sums of dy.
   // dx and db may be null.
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
@@ -379,6 +386,12 @@ class Backend {
   virtual void dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
                                              const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum,
                                              Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  // Inference's residual LayerNorm after a split product: y = LN(residual + out), where
+  // out = (sum over s of parts[s]) + b, rounded to y's dtype as linear_forward stores its
+  // output; parts [S, rows, cols] F32 (linear_split_forward's), b [cols] (may be null).
+  virtual void parts_add_layernorm_forward(const Tensor& parts, const Tensor* b, const Tensor& residual,
+                                           const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                           Tensor& mean, Tensor& rstd) = 0;
   virtual void layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma,
                                           const Tensor& mean, const Tensor& rstd, const DropoutSpec& d, Tensor& dsum,
                                           Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;

@@ -36,6 +36,7 @@ class CpuBackend final : public Backend {
   void cast(const Tensor& src, Tensor& dst) override;
   void add_scaled(const Tensor& x, float alpha, Tensor& y) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
+  void linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
@@ -55,6 +56,8 @@ class CpuBackend final : public Backend {
   void dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
                                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum, Tensor& y,
                                      Tensor& mean, Tensor& rstd) override;
+  void parts_add_layernorm_forward(const Tensor& parts, const Tensor* b, const Tensor& residual, const Tensor& gamma,
+                                   const Tensor& beta, float eps, Tensor& y, Tensor& mean, Tensor& rstd) override;
   void layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx, Tensor& dgamma,
                                   Tensor& dbeta) override;

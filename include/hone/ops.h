@@ -36,6 +36,19 @@ void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Te
 void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& residual, const DropoutSpec& d,
                                    const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum, Tensor& y,
                                    Tensor& mean, Tensor& rstd);
+void linear_split_forward(Backend& be, const Tensor& x, const Tensor& w, Tensor& parts);
+void parts_add_layernorm_forward(Backend& be, const Tensor& parts, const Tensor* b, const Tensor& residual,
+                                 const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+                                 Tensor& rstd);
+// Inference's product, bias, residual and LayerNorm: y = LN(residual + (x w^T + b)), no
+// dropout, the sum not kept. As linear_forward then dropout_add_layernorm_forward, or,
+// where the backend splits the product (linear_splits), linear_split_forward into work
+// and parts_add_layernorm_forward: the same up to the order of the product's sums.
+// work: scratch in x's dtype of linear_add_layernorm_work(...) elements.
+int64_t linear_add_layernorm_work(const Backend& be, int64_t rows, int64_t n, int64_t k, DType t);
+void linear_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b,
+                                  const Tensor& residual, const Tensor& gamma, const Tensor& beta, float eps,
+                                  Tensor& work, Tensor& y, Tensor& mean, Tensor& rstd);
 void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum, const Tensor& gamma,
                                 const Tensor& mean, const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx,
                                 Tensor& dgamma, Tensor& dbeta);

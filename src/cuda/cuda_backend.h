@@ -67,6 +67,8 @@ class CudaBackend final : public Backend {
   void cast(const Tensor& src, Tensor& dst) override;
   void add_scaled(const Tensor& x, float alpha, Tensor& y) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
+  void linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) override;
+  int linear_splits(int64_t m, int64_t n, int64_t k, DType t) const override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,
@@ -88,6 +90,8 @@ class CudaBackend final : public Backend {
   void dropout_add_layernorm_forward(const Tensor& x, const Tensor& residual, const DropoutSpec& d,
                                      const Tensor& gamma, const Tensor& beta, float eps, Tensor& sum, Tensor& y,
                                      Tensor& mean, Tensor& rstd) override;
+  void parts_add_layernorm_forward(const Tensor& parts, const Tensor* b, const Tensor& residual, const Tensor& gamma,
+                                   const Tensor& beta, float eps, Tensor& y, Tensor& mean, Tensor& rstd) override;
   void layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma, const Tensor& mean,
                                   const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx, Tensor& dgamma,
                                   Tensor& dbeta) override;
@@ -147,6 +151,8 @@ class CudaBackend final : public Backend {
   // Vectors of ones in BF16 and F16, for bias gradients as products (linear.cu): rows of a
   // micro-batch up to this many (batch x sequence) take that path.
   static constexpr int64_t kOnesLength = 1 << 16;
+  // The most parts linear_split_forward makes, which parts_add_layernorm_forward adds.
+  static constexpr int kMaxProductParts = 8;
   // Double partials of block reductions (sum_squares) and their arrival count after them.
   static constexpr int kReduceSlots = 1024;
 
@@ -175,6 +181,7 @@ class CudaBackend final : public Backend {
     cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
     GeluEpilogue gelu = GeluEpilogue::None;
     void* aux = nullptr;
+    bool whole_k = false;  // only algorithms that take k in one pass (no split-k reduction)
   };
   // False, having run nothing, only for a GELU epilogue that cuBLASLt has no kernel for
   // here; any other product without an algorithm fails.
@@ -247,7 +254,7 @@ class CudaBackend final : public Backend {
   // linear.cu state: the cuBLASLt algorithm chosen for each problem seen (the query costs
   // far more than the product for small shapes). Never evicted: a recorded step may only
   // meet products already chosen, since choosing times candidates.
-  static constexpr int kLtKey = 21;
+  static constexpr int kLtKey = 22;
   // nullopt: a GELU epilogue product without a kernel, run unfused instead.
   std::map<std::array<int64_t, kLtKey>, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
   // The timed choices, by shape bucket (linear.cu's shape_bucket): packed batches change

@@ -30,12 +30,21 @@ namespace {
 // 1% slower staged (the block's wait for the copy): they read them from global memory.
 constexpr size_t kStagedParamBytes = 16 << 10;
 
+// The forward that sums a split product's parts holds every part of a thread's runs in
+// registers at once (sum_parts): one 16-byte run a thread (eight scalar ones), and at most
+// this many threads a row, so that the registers fit. Rows of up to 2048 columns in half
+// precision, 1024 in F32 (256 x 8 and 256 x 4 columns; 2048 scalar).
+constexpr int kPartsThreads = 256;
+
 // Runs of W columns per thread, W = 1 or kVec<T> (one 16-byte access). The vector
 // variants keep 32 columns of each row array a thread whatever T, so 1024 columns fit one
 // warp with W = 4 (F32) and W = 8 (BF16/F16) alike, at the same register cost (ptxas: at
 // most 171 registers for the vector backward, 64 for the forward, no spills).
 template <int W>
 constexpr int kGroups = W == 1 ? 8 : 32 / W;
+// The forward's runs a thread: fewer where it sums a split product's parts (kPartsThreads).
+template <int W, bool kParts>
+constexpr int kForwardGroups = kParts ? (W == 1 ? 8 : 1) : kGroups<W>;
 // The backward keeps two F32 accumulators per column of its thread (dgamma, dbeta) beside
 // the row's values, so its vector variant gives a thread 16 columns rather than 32: a
 // 1024-column row spans two warps, and at about 80 registers three blocks of 256 threads
@@ -136,18 +145,78 @@ __device__ __forceinline__ void dropout_run(const DropoutSpec& d, uint64_t strea
   }
 }
 
+// A split product's parts (linear_split_forward), which a fused forward reads in place of
+// x: out = parts[0] + ... + parts[count - 1] + bias, rounded to T as the product's output.
+struct ProductParts {
+  const float* parts = nullptr;
+  int64_t stride = 0;  // elements from one part to the next: rows x cols
+  int count = 0;       // 1 to CudaBackend::kMaxProductParts
+  const void* bias = nullptr;
+};
+
+template <int W>
+__device__ __forceinline__ void load_f32_run(const float* p, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = *p;
+  } else {
+    #pragma unroll
+    for (int q = 0; q < W; q += 4) {
+      const float4 f = *reinterpret_cast<const float4*>(p + q);
+      v[q] = f.x, v[q + 1] = f.y, v[q + 2] = f.z, v[q + 3] = f.w;
+    }
+  }
+}
+
+// v[g] = the product's output at the thread's runs of row `row`: the parts added in order,
+// then the bias, rounded to T. Every part of every run is loaded before the first add, so
+// that a thread has them all in flight at once (read a part at a time, each was a trip to
+// L2: 8.0 us a launch at batch 1 x 128 on an H200, against 4.4 for the norm reading the
+// summed product); hence the kernel's few runs a thread when it reads parts.
+template <typename T, int W, int G>
+__device__ __forceinline__ void sum_parts(const ProductParts& pp, int64_t row, int cols, float (&v)[G][W]) {
+  constexpr int S = CudaBackend::kMaxProductParts;
+  auto column = [&](int g) { return (g * int(blockDim.x) + int(threadIdx.x)) * W; };
+  float p[S][G][W];
+  #pragma unroll
+  for (int s = 0; s < S; ++s)
+    #pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (s < pp.count && column(g) < cols) load_f32_run<W>(pp.parts + s * pp.stride + row * cols + column(g), p[s][g]);
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (column(g) >= cols) continue;
+    #pragma unroll
+    for (int t = 0; t < W; ++t) v[g][t] = p[0][g][t];
+    #pragma unroll
+    for (int s = 1; s < S; ++s)
+      if (s < pp.count)
+        #pragma unroll
+        for (int t = 0; t < W; ++t) v[g][t] += p[s][g][t];
+    if (pp.bias) {
+      float b[W];
+      load_run<W>(static_cast<const T*>(pp.bias) + column(g), b);
+      #pragma unroll
+      for (int t = 0; t < W; ++t) v[g][t] += b[t];
+    }
+    round_run<T>(v[g]);
+  }
+}
+
 // With kFused the row normalized is residual + dropout(x) (fd), rounded to T as
 // dropout_add stores it and written to sum_out (unless null: not kept), which may be x:
-// each thread reads its elements of x before writing them.
+// each thread reads its elements of x before writing them. With kParts as well, x is the
+// product's output that pp's parts add up to.
 // With `staged` (16-byte runs; dynamic shared memory of 2 cols T) the block copies gamma
 // and beta into shared memory asynchronously before it loads its rows, so that the last
 // pass reads them there rather than waiting on a load after the row's two reductions.
-template <typename T, int W, bool kFused>
-__global__ void __launch_bounds__(1024)
+template <typename T, int W, bool kFused, bool kParts>
+__global__ void __launch_bounds__(kParts ? kPartsThreads : 1024)
     layernorm_forward_kernel(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta, float eps, T* y,
                              float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int cols,
-                             FusedDropout fd, const T* __restrict__ residual, T* sum_out, bool staged) {
-  constexpr int G = kGroups<W>;
+                             FusedDropout fd, const T* __restrict__ residual, T* sum_out, bool staged,
+                             ProductParts pp) {
+  static_assert(kFused || !kParts, "the parts are a residual branch's");
+  constexpr int G = kForwardGroups<W, kParts>;
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
   const T* xr = x + row * cols;
@@ -165,12 +234,14 @@ __global__ void __launch_bounds__(1024)
     __pipeline_commit();
   }
   float v[G][W];
+  if constexpr (kParts)
+    if (live) sum_parts<T, W, G>(pp, row, cols, v);
   float sum = 0.0f;
   #pragma unroll
   for (int g = 0; g < G; ++g) {
     const int c = (g * blockDim.x + threadIdx.x) * W;
     if (!live || c >= cols) continue;
-    load_run<W>(xr + c, v[g]);
+    if constexpr (!kParts) load_run<W>(xr + c, v[g]);
     if constexpr (kFused) {
       float res[W];
       load_run<W>(residual + row * cols + c, res);
@@ -314,17 +385,22 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 3 
   }
 }
 
-// fd, residual and sum_out are only used when kFused.
-template <typename T, int W, bool kFused>
-void layernorm_forward_as(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                          Tensor& mean, Tensor& rstd, int64_t rows, int64_t cols, const FusedDropout& fd,
-                          const T* residual, T* sum_out, int sms, cudaStream_t stream) {
-  const cuda::RowLaunch l = cuda::row_launch("layernorm_forward", rows, cols, W, kGroups<W>);
+// fd, residual and sum_out are only used when kFused; pp (and not x) when kParts.
+template <typename T, int W, bool kFused, bool kParts = false>
+void layernorm_forward_as(const T* x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+                          Tensor& rstd, int64_t rows, int64_t cols, const FusedDropout& fd, const T* residual,
+                          T* sum_out, int sms, cudaStream_t stream, const ProductParts& pp = {}) {
+  cuda::RowLaunch l =
+      cuda::row_launch("layernorm_forward", rows, cols, W, kForwardGroups<W, kParts>, kParts ? kPartsThreads : 1024);
+  if (kParts) {  // a row reads `count` F32 rows: fewer rows a block, over more SMs
+    while (l.block.y > 1 && (rows + l.block.y - 1) / l.block.y < sms) l.block.y /= 2;
+    l.grid.x = unsigned((rows + l.block.y - 1) / l.block.y);
+  }
   const size_t staged_bytes = 2 * size_t(cols) * sizeof(T);
   const bool staged = W > 1 && staged_bytes <= kStagedParamBytes && l.grid.x <= unsigned(sms);
-  layernorm_forward_kernel<T, W, kFused><<<l.grid, l.block, staged ? staged_bytes : 0, stream>>>(
-      x.ptr<T>(), gamma.ptr<T>(), beta.ptr<T>(), eps, y.ptr<T>(), mean.f32(), rstd.f32(), rows, int(cols), fd,
-      residual, sum_out, staged);
+  layernorm_forward_kernel<T, W, kFused, kParts><<<l.grid, l.block, staged ? staged_bytes : 0, stream>>>(
+      x, gamma.ptr<T>(), beta.ptr<T>(), eps, y.ptr<T>(), mean.f32(), rstd.f32(), rows, int(cols), fd, residual,
+      sum_out, staged, pp);
   HONE_CUDA_LAUNCH_CHECK();
 }
 
@@ -363,11 +439,11 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
   cuda::with_dtype(x.dtype, "layernorm_forward", [&](auto t) {
     using T = decltype(t);
     if (vec_ok<T>(cols, {x.data, gamma.data, beta.data, y.data}))
-      layernorm_forward_as<T, cuda::kVec<T>, false>(x, gamma, beta, eps, y, mean, rstd, rows, cols, {}, nullptr,
-                                                    nullptr, sms_, stream_);
+      layernorm_forward_as<T, cuda::kVec<T>, false>(x.ptr<T>(), gamma, beta, eps, y, mean, rstd, rows, cols, {},
+                                                    nullptr, nullptr, sms_, stream_);
     else
-      layernorm_forward_as<T, 1, false>(x, gamma, beta, eps, y, mean, rstd, rows, cols, {}, nullptr, nullptr,
-                                        sms_, stream_);
+      layernorm_forward_as<T, 1, false>(x.ptr<T>(), gamma, beta, eps, y, mean, rstd, rows, cols, {}, nullptr,
+                                        nullptr, sms_, stream_);
   });
 }
 
@@ -405,11 +481,33 @@ void CudaBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& r
       return;
     }
     if (vec)
-      layernorm_forward_as<T, cuda::kVec<T>, true>(x, gamma, beta, eps, y, mean, rstd, rows, cols, fused_dropout(d),
-                                                   residual.ptr<T>(), sum.ptr<T>(), sms_, stream_);
+      layernorm_forward_as<T, cuda::kVec<T>, true>(x.ptr<T>(), gamma, beta, eps, y, mean, rstd, rows, cols,
+                                                   fused_dropout(d), residual.ptr<T>(), sum.ptr<T>(), sms_, stream_);
     else
-      layernorm_forward_as<T, 1, true>(x, gamma, beta, eps, y, mean, rstd, rows, cols, fused_dropout(d),
+      layernorm_forward_as<T, 1, true>(x.ptr<T>(), gamma, beta, eps, y, mean, rstd, rows, cols, fused_dropout(d),
                                        residual.ptr<T>(), sum.ptr<T>(), sms_, stream_);
+  });
+}
+
+// The fused forward's kernel with the product's output summed from its parts where x was
+// read, a row over more threads (kForwardGroups): dropout_add_layernorm_forward's values
+// on that output (stored in T), without dropout or sum, up to the order of the row's sums.
+void CudaBackend::parts_add_layernorm_forward(const Tensor& parts, const Tensor* b, const Tensor& residual,
+                                              const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                              Tensor& mean, Tensor& rstd) {
+  const int64_t cols = residual.shape[1], rows = mean.numel(), count = parts.shape[0];
+  if (rows == 0) return;
+  HONE_CHECK(count >= 1 && count <= kMaxProductParts, "parts_add_layernorm_forward: {} parts, at most {} on CUDA",
+             count, kMaxProductParts);
+  const ProductParts pp{parts.f32(), rows * cols, int(count), b ? b->data : nullptr};
+  cuda::with_dtype(residual.dtype, "parts_add_layernorm_forward", [&](auto t) {
+    using T = decltype(t);
+    if (vec_ok<T>(cols, {residual.data, gamma.data, beta.data, y.data, pp.bias}) && cuda::vec4_ok(cols, {parts.data}))
+      layernorm_forward_as<T, cuda::kVec<T>, true, true>(nullptr, gamma, beta, eps, y, mean, rstd, rows, cols, {},
+                                                         residual.ptr<T>(), nullptr, sms_, stream_, pp);
+    else
+      layernorm_forward_as<T, 1, true, true>(nullptr, gamma, beta, eps, y, mean, rstd, rows, cols, {},
+                                             residual.ptr<T>(), nullptr, sms_, stream_, pp);
   });
 }
 

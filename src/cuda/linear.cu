@@ -148,7 +148,7 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   const std::array<int64_t, kLtKey> key = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b,
                                            align_d, alignment(g.bias), g.lda, g.ldb, g.ldd, g.batch, g.stride_a,
                                            g.stride_b, g.stride_d, g.ab_type, g.d_type, int64_t(g.gelu),
-                                           g.aux ? alignment(g.aux) : 0};
+                                           g.aux ? alignment(g.aux) : 0, g.whole_k};
   const cublasLtMatmulAlgo_t* algo = nullptr;
   if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
     if (!it->second) return false;  // an epilogue this cuBLASLt has no kernel for
@@ -185,8 +185,9 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
     // Split-K partial sums only in F32: reducing them in a half-precision output (in place
     // or in the output type) rounds each product once more, which the timed choice below
     // picked on a small bf16 product (GpuMixed measured 1.1 of bf16's rounding there).
-    if (g.d_type != CUDA_R_32F) {
-      const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (g.d_type != CUDA_R_32F || g.whole_k) {
+      const uint32_t reductions = g.whole_k ? CUBLASLT_REDUCTION_SCHEME_NONE
+                                            : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
       HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                              &reductions, sizeof(reductions)));
     }
@@ -249,6 +250,35 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor*
   const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
   LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, w.data, k, x.data, k, y.data, n, 0.0f, b ? b->data : nullptr};
   g.ab_type = g.d_type = cuda::cuda_dtype(x.dtype);
+  lt_matmul(g);
+}
+
+// Few rows (small inference batches) and a long k: the product's 64 x 64 output tiles, the
+// smallest cuBLASLt takes there, fill at most half the SMs, and cuBLASLt's own choice splits
+// k and ends in a reduction pass (bert-large's down projection at batch 1 x 128: 7.0 us and
+// 3.4 for the pass, H200). Split k here instead, into as many parts as keep the tiles within
+// one wave; the residual LayerNorm after the product adds them (parts_add_layernorm_forward),
+// one launch fewer. Where k is no longer than the output is wide (the out projection),
+// cuBLASLt takes k whole in narrower tiles, and a split gains nothing. Rows of at most 2048
+// columns, which the norm's kernel takes in any layout.
+int CudaBackend::linear_splits(int64_t m, int64_t n, int64_t k, DType t) const {
+  if (t == DType::F32 || k <= n || n > 2048) return 1;  // F32: the reference path stays whole
+  const int64_t tiles = ((m + 63) / 64) * ((n + 63) / 64);
+  int splits = 1;
+  while (2 * splits <= kMaxProductParts && tiles * 2 * splits <= sms_ && k % (2 * splits * 64) == 0) splits *= 2;
+  return splits;
+}
+
+void CudaBackend::linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) {
+  const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0], splits = parts.shape[0], ks = k / splits;
+  if (m == 0) return;
+  LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, n, m, ks, w.data, k, x.data, k, parts.data, n, 0.0f};
+  g.ab_type = cuda::cuda_dtype(x.dtype);
+  g.d_type = CUDA_R_32F;
+  g.batch = int(splits);
+  g.stride_a = g.stride_b = ks;  // part s reads columns [s ks, (s + 1) ks) of both
+  g.stride_d = m * n;
+  g.whole_k = true;  // a split of a split would add cuBLASLt's reduction pass back
   lt_matmul(g);
 }
 

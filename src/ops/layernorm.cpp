@@ -70,6 +70,60 @@ void dropout_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& r
   be.dropout_add_layernorm_forward(x, residual, d, gamma, beta, eps, sum, y, mean, rstd);
 }
 
+void parts_add_layernorm_forward(Backend& be, const Tensor& parts, const Tensor* b, const Tensor& residual,
+                                 const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+                                 Tensor& rstd) {
+  const char* op = "parts_add_layernorm_forward";
+  const int64_t cols = check_layernorm(be, op, "residual", residual, gamma, mean, rstd);
+  detail::expect_rank(op, "residual", residual, 2);
+  detail::expect_rank(op, "parts", parts, 3);
+  detail::expect(op, "parts", parts, DType::F32, {parts.shape[0], residual.shape[0], cols});
+  if (b) detail::expect(op, "b", *b, residual.dtype, {cols});
+  if (beta.data) detail::expect(op, "beta", beta, residual.dtype, {cols});  // empty: no bias
+  detail::expect(op, "y", y, residual.dtype, residual.shape);
+  if (be.dry_run) return;
+  const Tensor none;
+  detail::expect_disjoint(op, {{"y", y}, {"mean", mean}, {"rstd", rstd}},
+                          {{"parts", parts}, {"b", b ? *b : none}, {"residual", residual}, {"gamma", gamma},
+                           {"beta", beta}},
+                          {});
+  detail::OpScope scope(be, op, OpClass::Normalization,
+                        {(9.0 + double(parts.shape[0])) * double(residual.numel()),
+                         detail::bytes(parts, residual, gamma, beta, y, mean, rstd) + detail::bytes_if(b)});
+  be.parts_add_layernorm_forward(parts, b, residual, gamma, beta, eps, y, mean, rstd);
+}
+
+int64_t linear_add_layernorm_work(const Backend& be, int64_t rows, int64_t n, int64_t k, DType t) {
+  const int64_t splits = be.linear_splits(rows, n, k, t);
+  const int64_t parts = splits > 1 ? splits * rows * n * int64_t(dtype_size(DType::F32) / dtype_size(t)) : 0;
+  return std::max(rows * n, parts);
+}
+
+void linear_add_layernorm_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor* b,
+                                  const Tensor& residual, const Tensor& gamma, const Tensor& beta, float eps,
+                                  Tensor& work, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const char* op = "linear_add_layernorm_forward";
+  detail::expect_rank(op, "x", x, 2);
+  detail::expect_rank(op, "w", w, 2);
+  detail::expect_rank(op, "work", work, 1);
+  detail::expect_dtype(op, "work", work, x.dtype);
+  const int64_t m = x.shape[0], k = x.shape[1], n = w.shape[0];
+  // The plan's work holds the split parts of its own row count; fewer rows at run time
+  // split only if theirs fit, and the plain product's output always does.
+  const int64_t splits = be.linear_splits(m, n, k, x.dtype);
+  if (work.numel() < m * n)
+    fail("{}: work of {} elements is less than the product's {} x {}", op, work.numel(), m, n);
+  if (splits > 1 && work.bytes() >= size_t(splits * m * n) * dtype_size(DType::F32)) {
+    Tensor parts{work.data, DType::F32, {splits, m, n}, work.device};
+    linear_split_forward(be, x, w, parts);
+    parts_add_layernorm_forward(be, parts, b, residual, gamma, beta, eps, y, mean, rstd);
+    return;
+  }
+  Tensor out{work.data, x.dtype, {m, n}, work.device}, no_sum;
+  linear_forward(be, x, w, b, out);
+  dropout_add_layernorm_forward(be, out, residual, DropoutSpec{}, gamma, beta, eps, no_sum, y, mean, rstd);
+}
+
 void layernorm_dropout_backward(Backend& be, const Tensor& dy, const Tensor& sum, const Tensor& gamma,
                                 const Tensor& mean, const Tensor& rstd, const DropoutSpec& d, Tensor& dsum, Tensor& dx,
                                 Tensor& dgamma, Tensor& dbeta) {
@@ -165,6 +219,24 @@ void CpuBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& re
   Tensor& kept = sum.data ? sum : y;
   dropout_add(x, residual, d, kept);
   layernorm_forward(kept, gamma, beta, eps, y, mean, rstd);
+}
+
+// out = sum of the parts + b into y, then y + residual normalized in place (F32: no
+// rounding between).
+void CpuBackend::parts_add_layernorm_forward(const Tensor& parts, const Tensor* b, const Tensor& residual,
+                                             const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                             Tensor& mean, Tensor& rstd) {
+  const int64_t splits = parts.shape[0], size = residual.numel(), cols = residual.shape[1];
+  const float *pp = parts.f32(), *rp = residual.f32(), *bp = b ? b->f32() : nullptr;
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < size; ++i) {
+    float out = pp[i];
+    for (int64_t s = 1; s < splits; ++s) out += pp[s * size + i];
+    if (bp) out += bp[i % cols];
+    yp[i] = rp[i] + out;
+  }
+  layernorm_forward(y, gamma, beta, eps, y, mean, rstd);
 }
 
 void CpuBackend::layernorm_dropout_backward(const Tensor& dy, const Tensor& sum, const Tensor& gamma,

@@ -44,6 +44,20 @@ void linear_forward(Backend& be, const Tensor& x, const Tensor& w, const Tensor*
   be.linear_forward(x, w, b, y);
 }
 
+void linear_split_forward(Backend& be, const Tensor& x, const Tensor& w, Tensor& parts) {
+  const char* op = "linear_split_forward";
+  const auto [m, k, n] = linear_dims(be, op, x, w);
+  detail::expect_rank(op, "parts", parts, 3);
+  const int64_t splits = parts.shape[0];
+  if (splits < 1 || k % splits)
+    fail("{}: {} parts do not divide x's {} columns", op, splits, k);
+  detail::expect(op, "parts", parts, DType::F32, {splits, m, n});
+  if (be.dry_run) return;
+  detail::OpScope scope(be, op, OpClass::Contraction,
+                        {2.0 * double(m) * double(k) * double(n), detail::bytes(x, w, parts)});
+  be.linear_split_forward(x, w, parts);
+}
+
 void linear_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx,
                      Tensor& dw, Tensor* db) {
   const auto [m, k, n] = linear_dims(be, "linear_backward", x, w);
@@ -139,6 +153,24 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, n, k, 1.0f, xp + int64_t(lo) * k, k, w.f32(), k,
                 bp ? 1.0f : 0.0f, yp + int64_t(lo) * n, n);
   });
+}
+
+void CpuBackend::linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) {
+  const int m = int(x.shape[0]), k = int(x.shape[1]), n = int(w.shape[0]), splits = int(parts.shape[0]);
+  const int ks = k / splits;
+  for (int s = 0; s < splits; ++s) {
+    const float* xp = x.f32() + int64_t(s) * ks;
+    const float* wp = w.f32() + int64_t(s) * ks;
+    float* part = parts.f32() + int64_t(s) * m * n;
+    if (bf16_products_) {
+      cpu_bf16::product(false, true, m, n, ks, xp, k, wp, k, false, part, n);
+      continue;
+    }
+    split_rows(m, [&](int lo, int hi) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, n, ks, 1.0f, xp + int64_t(lo) * k, k, wp, k, 0.0f,
+                  part + int64_t(lo) * n, n);
+    });
+  }
 }
 
 namespace {

@@ -24,6 +24,7 @@
 
 #include "hone/cuda.h"
 #include "hone/dtype.h"
+#include "hone/ops.h"
 #include "device_tensor.h"
 #include "test_util.h"
 
@@ -450,6 +451,98 @@ TEST_F(MixedOps, FusedResidualLayerNormEqualsTheUnfusedOps) {
           expect_same_bytes("mean without sum" + at, alone.mean, want.mean, sizeof(float));
           expect_same_bytes("rstd without sum" + at, alone.rstd, want.rstd, sizeof(float));
         }
+    }
+}
+
+// parts_add_layernorm_forward is the fused residual LayerNorm on the product's output as
+// the split product's parts add up to it (in order, then the bias, rounded to the dtype):
+// its kernel spreads a row over more threads, so the row's sums add in another order, and
+// the statistics agree to float rounding, y to the dtype's (an element may round the other
+// way). In every dtype, on scalar and 16-byte rows, from one part to the most, with and
+// without a bias.
+TEST_F(MixedOps, PartsResidualLayerNormIsTheFusedOpOnTheSummedProduct) {
+  Backend& g = gpu();
+  const float eps = 1e-12f;
+  const std::pair<int, int> shapes[] = {{7, 13}, {128, 1024}, {300, 1000}};
+  for (DType t : kComputeTypes)
+    for (auto [R, C] : shapes)
+      for (int count : {1, 3, 4, 8})
+        for (bool with_bias : {true, false}) {
+          const std::string at = fmt::format(" ({}, {} x {}, {} parts{})", name(t), R, C, count,
+                                             with_bias ? ", bias" : "");
+          const ResidualNormInputs in(R, C, t);
+          const size_t size = size_t(R) * C;
+          const std::vector<float> parts = uniform(int64_t(count) * R * C, 8, -2.0f, 2.0f);
+          const std::vector<float> bias = rounded(uniform(C, 9), t);
+          std::vector<float> out(size);
+          for (size_t i = 0; i < size; ++i) {
+            float v = parts[i];
+            for (int s = 1; s < count; ++s) v += parts[size_t(s) * size + i];
+            if (with_bias) v += bias[i % size_t(C)];
+            out[i] = round_to(v, t);
+          }
+          const Shape shape{R, C}, stat{R};
+          Dev dparts(g, DType::F32, Shape{count, R, C}), dbias(g, t, bias), residual(g, t, shape);
+          Dev gamma(g, t, in.gamma), beta(g, t, in.beta), x(g, t, shape);
+          dparts.upload(parts);
+          residual.upload(in.residual);
+          x.upload(out);
+          Dev y(g, t, shape), mean(g, DType::F32, stat), rstd(g, DType::F32, stat);
+          Dev want_y(g, t, shape), want_mean(g, DType::F32, stat), want_rstd(g, DType::F32, stat);
+          g.parts_add_layernorm_forward(dparts.t, with_bias ? &dbias.t : nullptr, residual.t, gamma.t, beta.t, eps,
+                                        y.t, mean.t, rstd.t);
+          Tensor no_sum;
+          g.dropout_add_layernorm_forward(x.t, residual.t, {}, gamma.t, beta.t, eps, no_sum, want_y.t, want_mean.t,
+                                          want_rstd.t);
+          expect_near("y" + at, y.download(), want_y.download(), 2 * rounding(t) + 1e-6, 1e-6);
+          expect_near("mean" + at, mean.download(), want_mean.download(), 1e-6, 1e-6);
+          expect_near("rstd" + at, rstd.download(), want_rstd.download(), 1e-6, 0.0);
+        }
+}
+
+// At a small batch's rows the CUDA backend splits a product whose k is longer than its
+// output is wide (bert-large's down projection at 128 tokens, and at the one first token
+// of the last layer; not the out projection), and the combined op then agrees with the
+// product and the fused norm unsplit: the product's sums run in another order, so its
+// output may round an ulp apart, and y with it. With work for the product's output alone
+// it runs those very ops, bit for bit.
+TEST_F(MixedOps, LinearAddLayerNormSplitsSmallProductsAndAgreesWithTheUnsplitOps) {
+  Backend& g = gpu();
+  const float eps = 1e-12f;
+  int sms = 0;
+  test::cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+  const int N = 1024;
+  for (DType t : kHalves)
+    for (auto [M, K] : {std::pair{128, 4096}, std::pair{128, 1024}, std::pair{1, 4096}}) {
+      const std::string at = fmt::format(" ({}, {} x {} x {})", name(t), M, N, K);
+      const int splits = g.linear_splits(M, N, K, t);
+      if (sms >= 64) {
+        EXPECT_EQ(splits > 1, K > N) << at;
+      }
+      const Shape shape{M, N}, stat{M};
+      Dev x(g, t, rounded(uniform(int64_t(M) * K, 11), t)), w(g, t, rounded(uniform(int64_t(N) * K, 12, -0.05f, 0.05f), t));
+      Dev b(g, t, rounded(uniform(N, 13), t)), residual(g, t, rounded(uniform(int64_t(M) * N, 14, -1.0f, 3.0f), t));
+      Dev gamma(g, t, rounded(uniform(N, 15, 0.5f, 1.5f), t)), beta(g, t, rounded(uniform(N, 16), t));
+      const Tensor xt = x.t.view({M, K}), wt = w.t.view({N, K}), rt = residual.t.view(shape);
+      Dev out(g, t, shape), want_y(g, t, shape), want_mean(g, DType::F32, stat), want_rstd(g, DType::F32, stat);
+      Tensor no_sum;
+      g.linear_forward(xt, wt, &b.t, out.t);
+      g.dropout_add_layernorm_forward(out.t, rt, {}, gamma.t, beta.t, eps, no_sum, want_y.t, want_mean.t, want_rstd.t);
+      for (bool room_for_parts : {true, false}) {
+        const std::string how = at + (room_for_parts ? ", split" : ", work for the output alone");
+        const int64_t elems = room_for_parts ? ops::linear_add_layernorm_work(g, M, N, K, t) : int64_t(M) * N;
+        Dev work(g, t, Shape{elems}), y(g, t, shape), mean(g, DType::F32, stat), rstd(g, DType::F32, stat);
+        ops::linear_add_layernorm_forward(g, xt, wt, &b.t, rt, gamma.t, beta.t, eps, work.t, y.t, mean.t, rstd.t);
+        if (room_for_parts) {
+          expect_near("y" + how, y.download(), want_y.download(), 2 * rounding(t), 0.05);
+          expect_near("mean" + how, mean.download(), want_mean.download(), 1e-3, 1e-3);
+          expect_near("rstd" + how, rstd.download(), want_rstd.download(), 1e-3, 0.0);
+        } else {
+          expect_same_bytes("y" + how, raw_bytes(y), raw_bytes(want_y), dtype_size(t));
+          expect_same_bytes("mean" + how, raw_bytes(mean), raw_bytes(want_mean), sizeof(float));
+          expect_same_bytes("rstd" + how, raw_bytes(rstd), raw_bytes(want_rstd), sizeof(float));
+        }
+      }
     }
 }
 
