@@ -197,6 +197,9 @@ class SequenceClassifier {
  private:
   struct Linear { const ParamEntry *w, *b; };  // b null: no bias
   struct Norm { const ParamEntry *g, *b; };
+  // The buffers of a residual LayerNorm after a product: its sum (training), statistics
+  // and output.
+  struct ResidualNormNames { const char *sum, *mean, *rstd, *out; };
   // Post-norm: ln1 after attention, ln2 after the FFN. Pre-norm: attn_norm on the input
   // (g null in the first layer), ln1 on the FFN's input; ln2 unused.
   struct Layer { Linear qkv, attn_out, ffn_up, ffn_down; Norm ln1, ln2, attn_norm; };

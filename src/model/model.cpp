@@ -335,16 +335,39 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   const FirstTokenRows first = first_tokens_only ? first_token_rows(be, mem, p, s.ctx, x) : FirstTokenRows{};
   const Tensor& ctx = first_tokens_only ? first.ctx : s.ctx;
   const Tensor& residual = first_tokens_only ? first.x : x;
-  s.ln1_in = activation(mem, "attention_residual", l, {T, H});
-  ops::linear_forward(be, ctx, w(P.attn_out.w), &ao_b, s.ln1_in);
-  s.ln1_mean = row_stats(mem, "attention_ln_mean", l, {T});
-  s.ln1_rstd = row_stats(mem, "attention_ln_rstd", l, {T});
-  s.ln1_out = activation(mem, "attention_out", l, {T, H});
-  // ln1_in = x + dropout(ln1_in) in place, ln1_out = LN1(ln1_in). Only backward reads the
-  // sums: inference does not write them (a quarter of the op's bytes).
-  Tensor no_sum;
-  ops::dropout_add_layernorm_forward(be, s.ln1_in, residual, layer_dropout(p.drop, l, 1), w(P.ln1.g), w(P.ln1.b),
-                                     eps, keep_for_backward ? s.ln1_in : no_sum, s.ln1_out, s.ln1_mean, s.ln1_rstd);
+  // out = LN(res + dropout(in w^T + b)) and its statistics. Training keeps the sum, which
+  // backward reads; inference (nothing kept, no dropout) runs the product and the norm as
+  // one op, which may split the product (ops::linear_add_layernorm_forward). A scratch
+  // input (release_in) is released once the product has read it.
+  const ResidualNormNames attention_names{"attention_residual", "attention_ln_mean", "attention_ln_rstd",
+                                          "attention_out"};
+  const ResidualNormNames ffn_names{"ffn_residual", "ffn_ln_mean", "ffn_ln_rstd", "layer_out"};
+  auto product_norm = [&](const Tensor& in, const Tensor& wt, const Tensor& bias, const Tensor& res, int site,
+                          const Norm& norm, const ResidualNormNames& names, bool release_in, Tensor& sum,
+                          Tensor& mean, Tensor& rstd, Tensor& out) {
+    const DropoutSpec drop = layer_dropout(p.drop, l, site);
+    if (!keep_for_backward && !(drop.p > 0.0f)) {
+      sum = Tensor{};
+      Tensor work = scratch(mem, "residual_product", {ops::linear_add_layernorm_work(be, T, H, in.shape[1], compute_)});
+      mean = row_stats(mem, names.mean, l, {T});
+      rstd = row_stats(mem, names.rstd, l, {T});
+      out = activation(mem, names.out, l, {T, H});
+      ops::linear_add_layernorm_forward(be, in, wt, &bias, res, w(norm.g), w(norm.b), eps, work, out, mean, rstd);
+      mem.release(work);
+      if (release_in) mem.release(in);
+      return;
+    }
+    sum = activation(mem, names.sum, l, {T, H});
+    ops::linear_forward(be, in, wt, &bias, sum);
+    if (release_in) mem.release(in);
+    mean = row_stats(mem, names.mean, l, {T});
+    rstd = row_stats(mem, names.rstd, l, {T});
+    out = activation(mem, names.out, l, {T, H});
+    // sum = res + dropout(sum) in place, out = LN(sum)
+    ops::dropout_add_layernorm_forward(be, sum, res, drop, w(norm.g), w(norm.b), eps, sum, out, mean, rstd);
+  };
+  product_norm(ctx, w(P.attn_out.w), ao_b, residual, 1, P.ln1, attention_names, false, s.ln1_in, s.ln1_mean,
+               s.ln1_rstd, s.ln1_out);
   // Recomputed in backward from ffn_pre rather than saved. (A half-precision epilogue
   // computes it from the unrounded product, so the recomputation may differ by an ulp.)
   // Inference keeps no ffn_pre: the activation then runs in the product's epilogue where
@@ -352,15 +375,8 @@ void SequenceClassifier::layer_forward(Backend& be, BufferSource& mem, const Pas
   s.ffn_pre = keep_for_backward ? activation(mem, "ffn_preactivation", l, {T, I}) : Tensor{};
   Tensor ffn_act = scratch(mem, "ffn_activation", {T, I});
   ops::linear_activation_forward(be, cfg_.activation(), s.ln1_out, w(P.ffn_up.w), &up_b, s.ffn_pre, ffn_act);
-  s.ln2_in = activation(mem, "ffn_residual", l, {T, H});
-  ops::linear_forward(be, ffn_act, w(P.ffn_down.w), &down_b, s.ln2_in);
-  mem.release(ffn_act);
-  s.ln2_mean = row_stats(mem, "ffn_ln_mean", l, {T});
-  s.ln2_rstd = row_stats(mem, "ffn_ln_rstd", l, {T});
-  s.out = activation(mem, "layer_out", l, {T, H});
-  // ln2_in = ln1_out + dropout(ln2_in) in place, out = LN2(ln2_in)
-  ops::dropout_add_layernorm_forward(be, s.ln2_in, s.ln1_out, layer_dropout(p.drop, l, 2), w(P.ln2.g), w(P.ln2.b),
-                                     eps, keep_for_backward ? s.ln2_in : no_sum, s.out, s.ln2_mean, s.ln2_rstd);
+  product_norm(ffn_act, w(P.ffn_down.w), down_b, s.ln1_out, 2, P.ln2, ffn_names, true, s.ln2_in, s.ln2_mean,
+               s.ln2_rstd, s.out);
   if (first_tokens_only) release_first_token_rows(mem, first);
 }
 
