@@ -1,7 +1,8 @@
 // LayerNorm over the last dimension (biased variance), with the semantics of
 // src/ops/layernorm.cpp. One row per warp up to 1024 columns (16-byte access when the
-// width allows), the row held in registers so that the variance takes a second pass
-// over registers rather than memory. x, gamma, beta, y, dy and dx are in the compute
+// width allows; a forward of at most a row an SM spreads a row over more threads), the
+// row held in registers so that the variance takes a second pass over registers rather
+// than memory. x, gamma, beta, y, dy and dx are in the compute
 // dtype T; the statistics, the parameter gradients and all arithmetic are F32.
 //
 // The fused residual ops are the same kernels with the residual dropout added where the
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/cuda_backend.h"
@@ -42,9 +44,10 @@ constexpr int kPartsThreads = 256;
 // most 171 registers for the vector backward, 64 for the forward, no spills).
 template <int W>
 constexpr int kGroups = W == 1 ? 8 : 32 / W;
-// The forward's runs a thread: fewer where it sums a split product's parts (kPartsThreads).
-template <int W, bool kParts>
-constexpr int kForwardGroups = kParts ? (W == 1 ? 8 : 1) : kGroups<W>;
+// The forward's runs a thread where a row spreads over more threads (layernorm_forward_as):
+// one 16-byte run, or eight scalar ones.
+template <int W>
+constexpr int kSpreadGroups = W == 1 ? 8 : 1;
 // The backward keeps two F32 accumulators per column of its thread (dgamma, dbeta) beside
 // the row's values, so its vector variant gives a thread 16 columns rather than 32: a
 // 1024-column row spans two warps, and at about 80 registers three blocks of 256 threads
@@ -209,14 +212,13 @@ __device__ __forceinline__ void sum_parts(const ProductParts& pp, int64_t row, i
 // With `staged` (16-byte runs; dynamic shared memory of 2 cols T) the block copies gamma
 // and beta into shared memory asynchronously before it loads its rows, so that the last
 // pass reads them there rather than waiting on a load after the row's two reductions.
-template <typename T, int W, bool kFused, bool kParts>
+template <typename T, int W, int G, bool kFused, bool kParts>
 __global__ void __launch_bounds__(kParts ? kPartsThreads : 1024)
     layernorm_forward_kernel(const T* x, const T* __restrict__ gamma, const T* __restrict__ beta, float eps, T* y,
                              float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, int cols,
                              FusedDropout fd, const T* __restrict__ residual, T* sum_out, bool staged,
                              ProductParts pp) {
   static_assert(kFused || !kParts, "the parts are a residual branch's");
-  constexpr int G = kForwardGroups<W, kParts>;
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
   const T* xr = x + row * cols;
@@ -386,22 +388,35 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 3 
 }
 
 // fd, residual and sum_out are only used when kFused; pp (and not x) when kParts.
+// A launch whose rows fit one a block on the SMs spreads each row over more threads, one
+// 16-byte run a thread (kSpreadGroups), one row a block; so does every launch that reads
+// parts. Its sums add in another order than the usual 32 columns a thread, so the bits
+// differ from a larger launch's, but not between the forward ops at the same shape. (At
+// batch 1 x 128 that is 128 blocks of 128 threads against 16 of 256: the latency of one
+// row's loads and reductions is what such a launch takes.)
 template <typename T, int W, bool kFused, bool kParts = false>
 void layernorm_forward_as(const T* x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd, int64_t rows, int64_t cols, const FusedDropout& fd, const T* residual,
                           T* sum_out, int sms, cudaStream_t stream, const ProductParts& pp = {}) {
-  cuda::RowLaunch l =
-      cuda::row_launch("layernorm_forward", rows, cols, W, kForwardGroups<W, kParts>, kParts ? kPartsThreads : 1024);
-  if (kParts) {  // a row reads `count` F32 rows: fewer rows a block, over more SMs
-    while (l.block.y > 1 && (rows + l.block.y - 1) / l.block.y < sms) l.block.y /= 2;
-    l.grid.x = unsigned((rows + l.block.y - 1) / l.block.y);
-  }
-  const size_t staged_bytes = 2 * size_t(cols) * sizeof(T);
-  const bool staged = W > 1 && staged_bytes <= kStagedParamBytes && l.grid.x <= unsigned(sms);
-  layernorm_forward_kernel<T, W, kFused, kParts><<<l.grid, l.block, staged ? staged_bytes : 0, stream>>>(
-      x, gamma.ptr<T>(), beta.ptr<T>(), eps, y.ptr<T>(), mean.f32(), rstd.f32(), rows, int(cols), fd, residual,
-      sum_out, staged, pp);
-  HONE_CUDA_LAUNCH_CHECK();
+  const bool spread = kParts || (W > 1 && rows <= sms && (cols + W - 1) / W <= 1024);
+  auto launch = [&](auto groups) {
+    constexpr int G = decltype(groups)::value;
+    cuda::RowLaunch l = cuda::row_launch("layernorm_forward", rows, cols, W, G, kParts ? kPartsThreads : 1024);
+    if (spread) {  // one row a block, where that still leaves SMs without a block
+      while (l.block.y > 1 && (rows + l.block.y - 1) / l.block.y < sms) l.block.y /= 2;
+      l.grid.x = unsigned((rows + l.block.y - 1) / l.block.y);
+    }
+    const size_t staged_bytes = 2 * size_t(cols) * sizeof(T);
+    const bool staged = W > 1 && staged_bytes <= kStagedParamBytes && l.grid.x <= unsigned(sms);
+    layernorm_forward_kernel<T, W, G, kFused, kParts><<<l.grid, l.block, staged ? staged_bytes : 0, stream>>>(
+        x, gamma.ptr<T>(), beta.ptr<T>(), eps, y.ptr<T>(), mean.f32(), rstd.f32(), rows, int(cols), fd, residual,
+        sum_out, staged, pp);
+    HONE_CUDA_LAUNCH_CHECK();
+  };
+  if (spread)
+    launch(std::integral_constant<int, kSpreadGroups<W>>{});
+  else if constexpr (!kParts)
+    launch(std::integral_constant<int, kGroups<W>>{});
 }
 
 // fd and dropped_dx are only used when kFused.
@@ -490,7 +505,7 @@ void CudaBackend::dropout_add_layernorm_forward(const Tensor& x, const Tensor& r
 }
 
 // The fused forward's kernel with the product's output summed from its parts where x was
-// read, a row over more threads (kForwardGroups): dropout_add_layernorm_forward's values
+// read, a row over more threads (kSpreadGroups): dropout_add_layernorm_forward's values
 // on that output (stored in T), without dropout or sum, up to the order of the row's sums.
 void CudaBackend::parts_add_layernorm_forward(const Tensor& parts, const Tensor* b, const Tensor& residual,
                                               const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

@@ -147,9 +147,15 @@ TEST_F(GpuMixed, LayerNormInHalfTypesMatchesF32) {
 
 // A launch whose blocks fill the GPU at most once stages gamma and beta in shared memory;
 // a larger one reads them from global memory. The same rows give the same bits either way.
+// (`few` rows are more than the SMs, so that the launch keeps the larger one's layout
+// rather than spreading each row over more threads, which sums in another order.)
 TEST_F(GpuMixed, LayerNormGivesTheSameBitsWhetherItStagesItsParameters) {
   Backend& g = gpu();
-  const int R = 4096, C = 1024, few = 64;  // 512 blocks of 8 rows, and 8
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int R = 4096, C = 1024, few = 256;  // 512 blocks of 8 rows, and 32
+  ASSERT_GT(few, sms);
+  ASSERT_LE(few / 8, sms);
   for (DType t : kHalfTypes) {
     HostTensor x = representable(t, {R, C}, 1, -1.0f, 3.0f), gamma = representable(t, {C}, 2, 0.5f, 1.5f);
     HostTensor beta = representable(t, {C}, 3);
