@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kParts ? kPartsThreads : 1024)
   static_assert(kFused || !kParts, "the parts are a residual branch's");
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool live = row < rows;  // dead threads still take part in the reductions
-  const T* xr = x + row * cols;
+  const T* xr = kParts ? nullptr : x + row * cols;  // with parts x is null: nothing to offset
   const uint64_t stream = kFused ? dropout_stream(fd.d) : 0;
   extern __shared__ __align__(16) unsigned char staged_params[];
   T* s_gamma = reinterpret_cast<T*>(staged_params);
@@ -413,9 +413,11 @@ void layernorm_forward_as(const T* x, const Tensor& gamma, const Tensor& beta, f
         sum_out, staged, pp);
     HONE_CUDA_LAUNCH_CHECK();
   };
-  if (spread)
+  if constexpr (kParts)
     launch(std::integral_constant<int, kSpreadGroups<W>>{});
-  else if constexpr (!kParts)
+  else if (spread)
+    launch(std::integral_constant<int, kSpreadGroups<W>>{});
+  else
     launch(std::integral_constant<int, kGroups<W>>{});
 }
 
