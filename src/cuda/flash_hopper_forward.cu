@@ -141,10 +141,13 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     key_lengths = lengths;
   }
   // Null for plain turns; the loops below recompute it from the arguments rather than hold
-  // it. (With the tile lookups ptxas reports 8-36 bytes of spill stores, against none in
-  // turns; dense batches ran within 1% of before.)
+  // it. A launch of at most a tile a CTA (batch 1) has no order to choose: each CTA takes its
+  // own tile, without the sort's pass over the pairs and its barriers (batch 1 x 128 ran 2.5%
+  // faster). ptxas (nvcc 13) reports 16-48 bytes of spill stores with the tile lookups; dense
+  // batches ran within 1% of turns without them.
   const auto tile_order = [&] {
-    return orders_tiles<kRows>(batch, S) ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order) : nullptr;
+    return orders_tiles<kRows>(batch, S) && tiles > int(gridDim.x) ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order)
+                                                                   : nullptr;
   };
   if (tile_order())
     sort_pairs_by_work(
