@@ -21,14 +21,30 @@ struct Philox4 {
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
 
+// The high and low words of m c. On the GPU one PTX mul.wide.u32, which ptxas makes one
+// IMAD.WIDE: from a 64-bit product of zero-extended words, or from __umulhi and a plain
+// product, it added a zero register to the high word after most multiplies (two adds a
+// round, beside two multiplies and two three-way xors, in the dropout kernels).
+HONE_HD void philox_multiply(uint32_t m, uint32_t c, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  uint64_t p;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(p) : "r"(m), "r"(c));
+#else
+  const uint64_t p = uint64_t(m) * c;
+#endif
+  hi = uint32_t(p >> 32);
+  lo = uint32_t(p);
+}
+
 HONE_HD Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
   for (int r = 0; r < 10; ++r) {
-    uint64_t p0 = uint64_t(kPhiloxM0) * c0;
-    uint64_t p1 = uint64_t(kPhiloxM1) * c2;
-    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
-    uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
-    c1 = uint32_t(p1);
-    c3 = uint32_t(p0);
+    uint32_t hi0, lo0, hi1, lo1;
+    philox_multiply(kPhiloxM0, c0, hi0, lo0);
+    philox_multiply(kPhiloxM1, c2, hi1, lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0;
+    const uint32_t n2 = hi0 ^ c3 ^ k1;
+    c1 = lo1;
+    c3 = lo0;
     c0 = n0;
     c2 = n2;
     k0 += kPhiloxW0;
