@@ -12,7 +12,8 @@
 // the stores took longer than the MMAs. In bf16 the GELU is a table lookup (below).
 // Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.242 ms (568
 // TFLOP/s), 0.25 writing pre too, against 0.289 for cuBLASLt's product and the GELU pass,
-// the product alone 0.188; with the identity in the GELU's place 0.201
+// the product alone 0.188; with the identity in the GELU's place 0.201. On an H200, with a
+// thread's lookups issued together: 0.219 ms (628 TFLOP/s), 0.228 writing pre
 // (docs/design/fusions.md has what was tried).
 #include "cuda/hopper_gemm.h"
 
@@ -71,27 +72,62 @@ __device__ __forceinline__ uint16_t gelu_table_entry(uint32_t e) {
   return uint16_t(pack<__nv_bfloat16>(gelu(__uint_as_float(u << 16)), 0.0f));
 }
 
-// The GELU of two pre-activations packed as T: bf16 from the table where both are in it.
+// The GELU of two pre-activations packed as T, computed.
 template <typename T>
-__device__ __forceinline__ uint32_t gelu2(uint32_t w, const uint16_t* table) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const uint32_t lo = (w & 0x7fffu) - kGeluTableLow, hi = ((w >> 16) & 0x7fffu) - kGeluTableLow;
-    if (lo < kGeluTableSpan && hi < kGeluTableSpan)
-      return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) |
-             uint32_t(table[hi + (w >> 31) * kGeluTableSpan]) << 16;
-  }
+__device__ __forceinline__ uint32_t gelu2(uint32_t w) {
   const float2 f = unpack<T>(w);
   return pack<T>(gelu(f.x), gelu(f.y));
 }
 
-// The GELU of eight staged pre-activations, packed as they are: independent elements side
-// by side, so that their lookups (or erfs' dependent chains) interleave.
-template <typename T>
-__device__ __forceinline__ int4 gelu8(int4 v, const uint16_t* table) {
-  uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+// Whether both bf16 halves of w lie in the table.
+__device__ __forceinline__ bool in_gelu_table(uint32_t w) {
+  return (w & 0x7fffu) - kGeluTableLow < kGeluTableSpan && ((w >> 16) & 0x7fffu) - kGeluTableLow < kGeluTableSpan;
+}
+
+// The table's GELUs of both bf16 halves of w, their indices clamped into it: right where
+// in_gelu_table(w), and read from the table either way, without a branch, so that a thread's
+// lookups are all in flight at once. (Taken pair by pair behind a branch, each pair's loads
+// waited for the pair before.)
+__device__ __forceinline__ uint32_t gelu2_table(uint32_t w, const uint16_t* table) {
+  const uint32_t lo = min((w & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
+  const uint32_t hi = min(((w >> 16) & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
+  return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) | uint32_t(table[hi + (w >> 31) * kGeluTableSpan]) << 16;
+}
+
+// The GELUs of kPieces x 8 staged pre-activations, packed as they are, in place: independent
+// elements side by side, so that their lookups (or erfs' dependent chains) interleave. bf16
+// looks every pair up, then computes the few pairs outside the table (zeros, tiny values,
+// |x| >= 16, infinities, NaN).
+template <typename T, int kPieces>
+__device__ __forceinline__ void gelu_pieces(int4 (&v)[kPieces], const uint16_t* table) {
+  uint32_t w[kPieces][4], g[kPieces][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) w[i] = gelu2<T>(w[i], table);
-  return make_int4(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
+  for (int p = 0; p < kPieces; ++p) {
+    w[p][0] = uint32_t(v[p].x), w[p][1] = uint32_t(v[p].y), w[p][2] = uint32_t(v[p].z), w[p][3] = uint32_t(v[p].w);
+  }
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    bool all_in_table = true;
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        g[p][i] = gelu2_table(w[p][i], table);
+        all_in_table = all_in_table && in_gelu_table(w[p][i]);
+      }
+    if (!all_in_table)
+#pragma unroll
+      for (int p = 0; p < kPieces; ++p)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (!in_gelu_table(w[p][i])) g[p][i] = gelu2<T>(w[p][i]);
+  } else {
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) g[p][i] = gelu2<T>(w[p][i]);
+  }
+#pragma unroll
+  for (int p = 0; p < kPieces; ++p) v[p] = make_int4(int(g[p][0]), int(g[p][1]), int(g[p][2]), int(g[p][3]));
 }
 
 // Writes the GELU of a staged [128][kStagedRow] tile of pre-activations (its first m - m0
@@ -104,7 +140,8 @@ __device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* stage
                                                   int m, int n, int bar) {
   named_barrier(bar, 128);  // the fragments are staged
   // bf16: four pieces (32 lookups) in flight, 0.233-0.234 ms against two's 0.237-0.238 (H200,
-  // without pre); eight ran 0.256. fp16's erfs spill at four.
+  // without pre, when each pair's lookups sat behind a branch); eight ran 0.256, and spill
+  // since the lookups are all issued at once. fp16's erfs spill at four.
   constexpr int kPieces = kTileN / 8, kInFlight = std::is_same_v<T, __nv_bfloat16> ? 4 : 2;
   const int rows = min(kTileM, m - m0), pieces = rows * kPieces;
   for (int c0 = threadIdx.x % 128; c0 < pieces; c0 += 128 * kInFlight) {
@@ -117,7 +154,8 @@ __device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* stage
     }
     int4 gv[kInFlight];
 #pragma unroll
-    for (int i = 0; i < kInFlight; ++i) gv[i] = gelu8<T>(v[i], table);
+    for (int i = 0; i < kInFlight; ++i) gv[i] = v[i];
+    gelu_pieces<T>(gv, table);
 #pragma unroll
     for (int i = 0; i < kInFlight; ++i) {
       const int c = c0 + 128 * i;
