@@ -40,8 +40,7 @@ constexpr int kPartsThreads = 256;
 
 // Runs of W columns per thread, W = 1 or kVec<T> (one 16-byte access). The vector
 // variants keep 32 columns of each row array a thread whatever T, so 1024 columns fit one
-// warp with W = 4 (F32) and W = 8 (BF16/F16) alike, at the same register cost (ptxas: at
-// most 171 registers for the vector backward, 64 for the forward, no spills).
+// warp with W = 4 (F32) and W = 8 (BF16/F16) alike, at the same register cost.
 template <int W>
 constexpr int kGroups = W == 1 ? 8 : 32 / W;
 // The forward's runs a thread where a row spreads over more threads (layernorm_forward_as):
@@ -50,11 +49,14 @@ template <int W>
 constexpr int kSpreadGroups = W == 1 ? 8 : 1;
 // The backward keeps two F32 accumulators per column of its thread (dgamma, dbeta) beside
 // the row's values, so its vector variant gives a thread 16 columns rather than 32: a
-// 1024-column row spans two warps, and at about 80 registers three blocks of 256 threads
-// fit an SM, where 32 columns a thread (171 registers) left one block, too few loads in
-// flight to reach the memory's rate (bert-large bf16 batch 32: 96 us a call against the
-// 45 us its bytes take). Its rows span at most one block of kBackwardVecThreads threads
-// (4096 columns); longer rows take the scalar variant (up to 8192).
+// 1024-column row spans two warps, and at 80 registers three blocks of 256 threads fit an
+// SM (ptxas, nvcc 13: 24-84 bytes of spill stores in the vector variants), where 32 columns
+// a thread (171 registers) left one block, too few loads in flight to reach the memory's
+// rate (bert-large bf16 batch 32: 96 us a call against the 45 us its bytes take). Two blocks
+// at up to 128 registers, no spills, with both groups' loads issued together, measured the
+// same at batch 32 (docs/design/fusions.md). Its rows span at most one block of
+// kBackwardVecThreads threads (4096 columns); longer rows take the scalar variant (up to
+// 8192).
 template <int W>
 constexpr int kBackwardGroups = W == 1 ? 8 : 16 / W;
 constexpr int kBackwardVecThreads = cuda::kRowBlockThreads;
