@@ -40,6 +40,8 @@ for line in sys.stdin:
     m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;?\s*(/\*.*)?$", line)
     if name and m and m.group(1):
         kernels[name].append(m.group(1))
+    elif name and re.match(r"^\.L_x_\d+:", line) and want is not None:
+        kernels[name].append(line.strip())  # branch targets, in the listing only
 for name, code in sorted(kernels.items()):
     if want is None:
         ops = collections.Counter(re.sub(r"^@!?U?P\w+ ", "", c).split()[0].split(".")[0] for c in code)
