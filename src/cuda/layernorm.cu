@@ -415,12 +415,9 @@ void layernorm_forward_as(const T* x, const Tensor& gamma, const Tensor& beta, f
         sum_out, staged, pp);
     HONE_CUDA_LAUNCH_CHECK();
   };
-  if constexpr (kParts)
-    launch(std::integral_constant<int, kSpreadGroups<W>>{});
-  else if (spread)
-    launch(std::integral_constant<int, kSpreadGroups<W>>{});
-  else
-    launch(std::integral_constant<int, kGroups<W>>{});
+  if constexpr (!kParts)  // parts always spread: their kernel has no kGroups layout
+    if (!spread) return launch(std::integral_constant<int, kGroups<W>>{});
+  launch(std::integral_constant<int, kSpreadGroups<W>>{});
 }
 
 // fd and dropped_dx are only used when kFused.
