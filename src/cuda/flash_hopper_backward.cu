@@ -37,6 +37,7 @@ constexpr int kQueries = 64;                           // queries per block
 constexpr int kStages = 2;                             // query blocks in flight
 constexpr int kThreadsBwd = 128 * (kConsumers + 1);    // + the producer warpgroup
 constexpr int kDsBytes = 64 * 64 * 2;                  // one swizzled [64 keys][64 queries] dS^T
+constexpr int kReducerThreads = 96;                    // the producer warpgroup's warps 1-3 (reduce_dq_parts)
 
 // The query blocks that key tile key0 of a sequence is weighed by (window_blocks); the
 // producer and the consumers walk the same ones.
@@ -72,10 +73,10 @@ struct BwdSmem {
   static constexpr size_t kStats = kDS + size_t(2 * kConsumers) * kDsBytes;         // [kStages][64] float2
   static constexpr size_t kDot = kStats + size_t(kStages) * kQueries * 8;           // [kStages][64] F32
   static constexpr size_t kBits = kDot + size_t(kStages) * kQueries * 4;  // [kStages][64][4] U32, 128-aligned
-  // Per stage, one warpgroup's dQ part for the other: [kStages][D / 8][128] float4.
+  // Per stage, both warpgroups' dQ parts for the reducer warps: [kStages][2][D / 8][128] float4.
   static constexpr size_t kPart = kBits + size_t(kStages) * kQueries * 16;
-  static constexpr size_t kBars = kPart + (kWide ? 0 : size_t(kStages) * (D / 8) * 128 * 16);
-  static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 * kKVBuffers + 2 * kStages) * 8);
+  static constexpr size_t kBars = kPart + (kWide ? 0 : size_t(kStages) * 2 * (D / 8) * 128 * 16);
+  static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 * kKVBuffers + 4 * kStages) * 8);
   static constexpr size_t kBytes = kOrder.end + 1024;  // + alignment slack
 };
 
@@ -133,6 +134,50 @@ __device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], con
   }
 }
 
+// The producer warpgroup's warps 1-3 (thread rt of kReducerThreads): per query block of the
+// CTA's tiles (the walk of the producer and the consumers), they wait for both consumer
+// warpgroups' dQ parts (fragment layout: float4 j of consumer thread i holds rows 16 (i / 32)
+// + (i % 32) / 4 and 8 below it, columns 8 j + 2 (i % 4) and the next), add them and reduce
+// the sum into the F32 accumulator, then hand the buffer back.
+template <int D>
+__device__ __forceinline__ void reduce_dq_parts(const BackwardArgs& a, int batch, const uint16_t* order,
+                                                const float4* parts, uint64_t* parts_full, uint64_t* parts_empty,
+                                                int rt) {
+  constexpr int kParts = D / 8;  // float4s a consumer thread
+  const int S = a.seq, H = a.heads * D;
+  const int key_tiles = (S + kKeys - 1) / kKeys;
+  const int tiles = key_tiles * batch * a.heads;
+  const int lane = rt & 31;
+  int r_iter = 0;
+  for (int k = 0;; ++k) {
+    const TileCoords tc = cta_tile(order, k, tiles, key_tiles, a.heads, batch * a.heads, a.row_start != nullptr);
+    if (tc.bh < 0) break;
+    const int bh = tc.bh, key0 = tc.block * kKeys, b = bh / a.heads, h = bh % a.heads;
+    const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
+    if (key0 >= rows.keys) continue;
+    const BlockRange walk = query_walk(a, rows, key0);
+    float* acc = a.dq_accum + rows.first * H + h * D;
+    for (int qb = walk.lo; qb < walk.hi; ++qb, ++r_iter) {
+      const int stage = r_iter % kStages;
+      mbar_wait(parts_full + stage, (r_iter / kStages) & 1);
+      const float4* p0 = parts + stage * 2 * kParts * 128 + lane;
+      const float4* p1 = p0 + kParts * 128;
+      // A warp takes chunks of 32 float4s, chunk c = float4 c / 4 of consumer warp c % 4;
+      // this lane's are its row g and column pair t of them.
+      const int q0 = qb * kQueries + (lane >> 2);
+      float* at0 = acc + int64_t(q0) * H + 2 * (lane & 3);
+      for (int c = rt >> 5; c < kParts * 4; c += kReducerThreads / 32) {
+        const float4 x = p0[c * 32], y = p1[c * 32];
+        const int q = q0 + (c & 3) * 16;
+        float* at = at0 + (c & 3) * int64_t(16 * H) + (c >> 2) * 8;
+        if (q < rows.len) red_add_f32x2(at, x.x + y.x, x.y + y.y);
+        if (q + 8 < rows.len) red_add_f32x2(at + 8 * H, x.z + y.z, x.w + y.w);
+      }
+      mbar_arrive(parts_empty + stage);
+    }
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreadsBwd, 1)
     hopper_backward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap dctx_map,
@@ -158,6 +203,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   uint64_t* kv_empty = bars + kKVBuffers;  // [kKVBuffers]: every consumer warp is done with the tile
   uint64_t* q_full = bars + 2 * kKVBuffers;  // [kStages]: Q, dO landed, stats and D written
   uint64_t* q_empty = bars + 2 * kKVBuffers + kStages;  // [kStages]
+  uint64_t* parts_full = bars + 2 * kKVBuffers + 2 * kStages;   // [kStages]: both dQ parts written
+  uint64_t* parts_empty = bars + 2 * kKVBuffers + 3 * kStages;  // [kStages]: the reducers are done with them
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   constexpr int kConsumerWarps = 4 * kConsumers;
@@ -169,6 +216,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(q_full + s, 32);
       mbar_init(q_empty + s, kConsumerWarps);
+      mbar_init(parts_full + s, 128 * kConsumers);
+      mbar_init(parts_empty + s, kReducerThreads);
     }
     mbar_init_fence();
   }
@@ -188,9 +237,13 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         batch * key_tiles, [&](int p) { return backward_work(a, p, key_tiles); }, smem + L::kOrder.work,
         tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
 
-  if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
+  if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others reduce dQ
     registers_decrease<L::kProducerRegisters>();
-    if (warp != kConsumerWarps) return;
+    if (warp != kConsumerWarps) {
+      if constexpr (!L::kWide) reduce_dq_parts<D>(a, batch, tile_order(), reinterpret_cast<const float4*>(smem + L::kPart),
+                                                  parts_full, parts_empty, threadIdx.x - 128 * kConsumers - 32);
+      return;
+    }
     int kv_iter = 0, q_iter = 0;
     for (int k = 0;; ++k) {
       const TileCoords tc = cta_tile(tile_order(), k, tiles, key_tiles, a.heads, batch * a.heads, packed);
@@ -384,24 +437,6 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 #pragma unroll
         for (int p = 0; p < kPanels; ++p)
           wgmma_panel_rs<T, kCols, true>(dk + p * kCols / 2, da[qc], QueryTile::mn_major(q_s, p, qc * 16), true);
-      const int qa = qb * kQueries + wq * 16 + g, qz = qa + 8;  // dQ rows are queries
-      float* acc = a.dq_accum + seq_row0 * H + h * D + 2 * t;
-      // Adds dq, columns col0 .. col0 + 63 (or D), to the F32 accumulator: a row's
-      // reductions from one address and its offsets. With the row test and the address
-      // computed per reduction, each address register waited for the previous reduction
-      // to read it (ncu: a fifth of the reducing warps' stalls).
-      const auto reduce_dq = [&](const float* dq, int col0) {
-        if (qa < len) {
-          float* row = acc + int64_t(qa) * H + col0;
-#pragma unroll
-          for (int dt = 0; dt < kCols / 8; ++dt) red_add_f32x2(row + dt * 8, dq[4 * dt], dq[4 * dt + 1]);
-        }
-        if (qz < len) {
-          float* row = acc + int64_t(qz) * H + col0;
-#pragma unroll
-          for (int dt = 0; dt < kCols / 8; ++dt) red_add_f32x2(row + dt * 8, dq[4 * dt + 2], dq[4 * dt + 3]);
-        }
-      };
       // Wide, warpgroup wg takes dQ's panel wg (64 columns) over all 128 keys of the tile,
       // from both warpgroups' dS^T: one reduction per element and tile, and 32 accumulators.
       // Either way dQ's product is issued behind dV and dK's.
@@ -428,34 +463,35 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       if constexpr (L::kWide) {
         __syncwarp();
         if (lane == 0) mbar_arrive(q_empty + stage);
-        reduce_dq(dq, wg * 64);
+        // Adds dq, columns 64 wg .. 64 wg + 63, to the F32 accumulator: a row's reductions
+        // from one address and its offsets. With the row test and the address computed per
+        // reduction, each address register waited for the previous reduction to read it.
+        const int qa = qb * kQueries + wq * 16 + g, qz = qa + 8;  // dQ rows are queries
+        float* acc = a.dq_accum + seq_row0 * H + h * D + wg * 64 + 2 * t;
+        if (qa < len) {
+#pragma unroll
+          for (int dt = 0; dt < 8; ++dt) red_add_f32x2(acc + int64_t(qa) * H + dt * 8, dq[4 * dt], dq[4 * dt + 1]);
+        }
+        if (qz < len) {
+#pragma unroll
+          for (int dt = 0; dt < 8; ++dt) red_add_f32x2(acc + int64_t(qz) * H + dt * 8, dq[4 * dt + 2], dq[4 * dt + 3]);
+        }
       } else {
         // Both warpgroups' dQ parts are of the same 64 queries (over their own keys), in the
-        // same fragment layout: one warpgroup, alternating by block, adds the other's part
-        // from shared memory and reduces the sum into the F32 accumulator, half the global
-        // reductions (which cost 0.07 of the 0.51 ms at bert-large's shape). The part goes
-        // through the block's stage's buffer, and the adder reads it before it releases the
-        // stage: the other warpgroup writes that buffer again only for a block of the stage's
-        // next round, which the producer loads after the release, so never while it is read.
+        // same fragment layout: each writes its part to shared memory, and the producer
+        // warpgroup's three other warps add the two and reduce the sum into the F32
+        // accumulator (reduce_dq_parts), one reduction per element and tile. Done here, one
+        // warpgroup waited at a barrier for the other's part every block and then issued
+        // the reductions itself (ncu: a quarter of the consumers' warp samples).
         constexpr int kParts = D / 8;  // float4s a thread
-        const bool adds = wg == (q_iter & 1);
-        float4* part = reinterpret_cast<float4*>(smem + L::kPart) + stage * kParts * 128 + (threadIdx.x & 127);
-        if (!adds) {
+        mbar_wait(parts_empty + stage, ((q_iter / kStages) & 1) ^ 1);
+        float4* part = reinterpret_cast<float4*>(smem + L::kPart) + (stage * 2 + wg) * kParts * 128 + (threadIdx.x & 127);
 #pragma unroll
-          for (int j = 0; j < kParts; ++j)
-            part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-          named_barrier_arrive(3 + stage, 256);
-        } else {
-          named_barrier(3 + stage, 256);
-#pragma unroll
-          for (int j = 0; j < kParts; ++j) {
-            const float4 o = part[j * 128];
-            dq[4 * j] += o.x, dq[4 * j + 1] += o.y, dq[4 * j + 2] += o.z, dq[4 * j + 3] += o.w;
-          }
-        }
+        for (int j = 0; j < kParts; ++j)
+          part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        mbar_arrive(parts_full + stage);
         __syncwarp();
         if (lane == 0) mbar_arrive(q_empty + stage);
-        if (adds) reduce_dq(dq, 0);
       }
     }
     __syncwarp();
