@@ -1,6 +1,7 @@
 // Flash attention backward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
 // persistent kernel, one CTA per SM taking tiles heaviest first (tile_order.h), of two
-// consumer warpgroups and a producer warpgroup (one warp of it works). A tile is 128 keys
+// consumer warpgroups and a producer warpgroup (one warp loads; at head sizes 32 and 64 the
+// other three reduce dQ). A tile is 128 keys
 // of one (sequence, head), 64 per consumer warpgroup; the producer streams K and V once per tile and then every query block (64
 // queries: Q, dO through TMA, the forward's {max, 1 / sum} and D = rowsum(dO * O) through
 // plain loads) through a ring of swizzled stages (HeadTile). Per query block a consumer
@@ -9,9 +10,10 @@
 //   S^T = K Q^T and dP^T = V dO^T (64 keys x 64 queries),
 //   dV += P'^T dO and dK += dS^T Q (P' the dropped P, dS^T = P^T (dP^T - D)),
 //   dQ_part = dS K over its 64 keys (dS^T through shared memory),
-// and one warpgroup, alternating by block, adds both parts to the F32 accumulator with
-// vector reductions (at head size 128, after dV and dK's products, each warpgroup takes 64
-// of dQ's columns over all the tile's keys, reading both dS^T). Dropout reads the keep bits
+// and both write their parts to shared memory, where the producer warpgroup's other three
+// warps add them and reduce the sum into the F32 accumulator with vector reductions
+// (reduce_dq_parts; at head size 128, after dV and dK's products, each warpgroup takes 64 of
+// dQ's columns over all the tile's keys, reading both dS^T, and reduces them itself). Dropout reads the keep bits
 // drawn beforehand (keep_bits_kernel) through the query stages. Padded queries are computed
 // (P = 0 past the sequence; a packed sequence has none, and its tiles' rows past it, another
 // sequence's, get P = 0); key tiles past the sequence's last attended key only write their zero gradients. With
