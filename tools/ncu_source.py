@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Where a kernel's warps wait, per SASS instruction, from Nsight Compute's source page.
+
+Usage: tools/ncu_source.py SOURCE_CSV [--top N] [--from OFFSET --to OFFSET]
+  SOURCE_CSV: `ncu -i REPORT --page source --csv --print-source sass > SOURCE_CSV` of a
+  report taken with `--set full --import-source yes` (one kernel launch).
+Prints the samples by stall reason, the instructions by how often they ran (an instruction
+run once per block and warp shows the block loop's share), and the N instructions with the
+most samples: offset from the kernel's start, samples, executions, the instruction, and its
+two commonest stall reasons. --from/--to (hex offsets) sum the samples of a range.
+"""
+import argparse
+import collections
+import csv
+import sys
+
+
+def main(argv):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--from", dest="lo", type=lambda s: int(s, 16))
+    ap.add_argument("--to", dest="hi", type=lambda s: int(s, 16))
+    args = ap.parse_args(argv)
+    rows = list(csv.reader(open(args.csv)))
+    header_at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    hdr, data = rows[header_at], [r for r in rows[header_at + 1:] if r and r[0].startswith("0x")]
+    ix = {h: i for i, h in enumerate(hdr)}
+    stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
+    base = int(data[0][ix["Address"]], 16)
+
+    def num(r, h):
+        v = r[ix[h]].replace(",", "")
+        return int(float(v)) if v else 0
+
+    insts = []
+    for r in data:
+        reasons = sorted(((num(r, h), h[6:]) for h in stalls), reverse=True)
+        insts.append((int(r[ix["Address"]], 16) - base, num(r, "Warp Stall Sampling (All Samples)"),
+                      num(r, "Instructions Executed"), r[ix["Source"]].strip(), reasons))
+    total = sum(i[1] for i in insts) or 1
+    print(f"{rows[0][1] if len(rows[0]) > 1 else ''}\n{total} samples, {sum(i[2] for i in insts)} warp instructions")
+    by_reason = collections.Counter()
+    for *_, reasons in insts:
+        for n, h in reasons:
+            by_reason[h] += n
+    print("stalls: " + ", ".join(f"{h} {100 * n / total:.1f}%" for h, n in by_reason.most_common() if n))
+    by_count = collections.defaultdict(lambda: [0, 0])
+    for _, s, e, _, _ in insts:
+        by_count[e][0] += 1
+        by_count[e][1] += s
+    print("runs      instructions  samples")
+    for e, (n, s) in sorted(by_count.items(), key=lambda kv: -kv[1][1])[:8]:
+        print(f"{e:9d} {n:13d} {100 * s / total:7.1f}%")
+    if args.lo is not None:
+        hi = args.hi if args.hi is not None else 1 << 62
+        s = sum(i[1] for i in insts if args.lo <= i[0] < hi)
+        print(f"[{args.lo:x}, {hi:x}): {100 * s / total:.1f}% of the samples")
+    print("offset  samples      runs  instruction / commonest stalls")
+    for off, s, e, src, reasons in sorted(insts, key=lambda i: -i[1])[:args.top]:
+        why = ", ".join(f"{h} {n}" for n, h in reasons[:2] if n)
+        print(f"{off:6x} {100 * s / total:7.1f}% {e:9d}  {src[:70]}  ({why})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
