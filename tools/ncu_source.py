@@ -7,7 +7,9 @@ Usage: tools/ncu_source.py SOURCE_CSV [--top N] [--from OFFSET --to OFFSET]
 Prints the samples by stall reason, the instructions by how often they ran (an instruction
 run once per block and warp shows the block loop's share), and the N instructions with the
 most samples: offset from the kernel's start, samples, executions, the instruction, and its
-two commonest stall reasons. --from/--to (hex offsets) sum the samples of a range.
+two commonest stall reasons. Warps asleep in an mbarrier wait carry no samples; the runs of
+each TRYWAIT (a wait's first try, then its retry loop) show how often barriers were not
+ready. --from/--to (hex offsets) sum the samples of a range.
 """
 import argparse
 import collections
@@ -56,6 +58,13 @@ def main(argv):
         hi = args.hi if args.hi is not None else 1 << 62
         s = sum(i[1] for i in insts if args.lo <= i[0] < hi)
         print(f"[{args.lo:x}, {hi:x}): {100 * s / total:.1f}% of the samples")
+    # A warp asleep in mbarrier.try_wait is not sampled: how often each wait's retry loop
+    # ran (its TRYWAIT after the first) says how often the barrier was not ready.
+    waits = [(off, e, src) for off, _, e, src, _ in insts if "TRYWAIT" in src]
+    if waits:
+        print("mbarrier waits (a barrier's retry loop runs once per failed try):")
+        for off, e, src in waits:
+            print(f"  {off:6x} {e:9d}  {src[:70]}")
     print("offset  samples      runs  instruction / commonest stalls")
     for off, s, e, src, reasons in sorted(insts, key=lambda i: -i[1])[:args.top]:
         why = ", ".join(f"{h} {n}" for n, h in reasons[:2] if n)
