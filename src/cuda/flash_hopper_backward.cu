@@ -1,8 +1,8 @@
 // Flash attention backward for Hopper (FlashAttention-3's structure), head sizes 32, 64, 128: a
 // persistent kernel, one CTA per SM taking tiles heaviest first (tile_order.h), of two
 // consumer warpgroups and a producer warpgroup (one warp loads; at head sizes 32 and 64 the
-// other three reduce dQ). A tile is 128 keys
-// of one (sequence, head), 64 per consumer warpgroup; the producer streams K and V once per tile and then every query block (64
+// other three reduce dQ). A tile is 128 keys of one (sequence, head), 64 per consumer
+// warpgroup; the producer streams K and V once per tile and then every query block (64
 // queries: Q, dO through TMA, the forward's {max, 1 / sum} and D = rowsum(dO * O) through
 // plain loads) through a ring of swizzled stages (HeadTile). Per query block a consumer
 // warpgroup issues, as warpgroup MMAs with its K and V fragments in registers (from shared
@@ -13,13 +13,13 @@
 // and both write their parts to shared memory, where the producer warpgroup's other three
 // warps add them and reduce the sum into the F32 accumulator with vector reductions
 // (reduce_dq_parts; at head size 128, after dV and dK's products, each warpgroup takes 64 of
-// dQ's columns over all the tile's keys, reading both dS^T, and reduces them itself). Dropout reads the keep bits
-// drawn beforehand (keep_bits_kernel) through the query stages. Padded queries are computed
-// (P = 0 past the sequence; a packed sequence has none, and its tiles' rows past it, another
-// sequence's, get P = 0); key tiles past the sequence's last attended key only write their zero gradients. With
-// a window, producer and consumers walk only the query blocks within it of the tile's
-// keys, and the blocks that cross its edge give the elements outside it no weight. Same
-// arguments and results as flash_backward.cu.
+// dQ's columns over all the tile's keys, reading both dS^T, and reduces them itself).
+// Dropout reads the keep bits drawn beforehand (keep_bits_kernel) through the query stages.
+// Padded queries are computed (P = 0 past the sequence; a packed sequence has none, and its
+// tiles' rows past it, another sequence's, get P = 0); key tiles past the sequence's last
+// attended key only write their zero gradients. With a window, producer and consumers walk
+// only the query blocks within it of the tile's keys, and the blocks that cross its edge give
+// the elements outside it no weight. Same arguments and results as flash_backward.cu.
 #include <algorithm>
 
 #include "cuda/check.h"
@@ -242,8 +242,9 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others reduce dQ
     registers_decrease<L::kProducerRegisters>();
     if (warp != kConsumerWarps) {
-      if constexpr (!L::kWide) reduce_dq_parts<D>(a, batch, tile_order(), reinterpret_cast<const float4*>(smem + L::kPart),
-                                                  parts_full, parts_empty, threadIdx.x - 128 * kConsumers - 32);
+      if constexpr (!L::kWide)
+        reduce_dq_parts<D>(a, batch, tile_order(), reinterpret_cast<const float4*>(smem + L::kPart), parts_full,
+                           parts_empty, threadIdx.x - 128 * kConsumers - 32);
       return;
     }
     int kv_iter = 0, q_iter = 0;
@@ -487,7 +488,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         // the reductions itself (ncu: a quarter of the consumers' warp samples).
         constexpr int kParts = D / 8;  // float4s a thread
         mbar_wait(parts_empty + stage, ((q_iter / kStages) & 1) ^ 1);
-        float4* part = reinterpret_cast<float4*>(smem + L::kPart) + (stage * 2 + wg) * kParts * 128 + (threadIdx.x & 127);
+        float4* part =
+            reinterpret_cast<float4*>(smem + L::kPart) + (stage * 2 + wg) * kParts * 128 + (threadIdx.x & 127);
 #pragma unroll
         for (int j = 0; j < kParts; ++j)
           part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
