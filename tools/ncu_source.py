@@ -24,10 +24,22 @@ def main(argv):
     ap.add_argument("--from", dest="lo", type=lambda s: int(s, 16))
     ap.add_argument("--to", dest="hi", type=lambda s: int(s, 16))
     args = ap.parse_args(argv)
-    rows = list(csv.reader(open(args.csv)))
-    header_at = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    try:
+        with open(args.csv, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        sys.exit(f"tools/ncu_source.py: cannot read {args.csv}: {e.strerror}")
+    header_at = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if header_at is None:
+        sys.exit(f"tools/ncu_source.py: {args.csv} has no 'Address' header row: expected the output of "
+                 "`ncu -i REPORT --page source --csv --print-source sass`")
     hdr, data = rows[header_at], [r for r in rows[header_at + 1:] if r and r[0].startswith("0x")]
     ix = {h: i for i, h in enumerate(hdr)}
+    needed = ["Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    missing = [h for h in needed if h not in ix]
+    if missing or not data:
+        sys.exit(f"tools/ncu_source.py: {args.csv} lacks " + (", ".join(missing) if missing else "instruction rows") +
+                 ": take the report with `--set full --import-source yes`")
     stalls = [h for h in hdr if h.startswith("stall_") and "Not Issued" not in h]
     base = int(data[0][ix["Address"]], 16)
 

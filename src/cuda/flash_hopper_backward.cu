@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       continue;
     }
 
-    // The keys' kinds (key_kind): both mask loads are issued (at indices clamped into the
+    // The keys' kinds (key_kind_of): both mask loads are issued (at indices clamped into the
     // row) before either is tested, and before the wait for K and V, so that their latency
     // passes during it. Tested one after the other, each load's latency was a stall of its
     // own (ncu: 3.5% of the kernel's warp samples).
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       live_a = mask_row[min(key_a, S - 1)];
       live_b = mask_row[min(key_b, S - 1)];
     }
-    const int kind_a = key_a < len ? (live_a != 0 ? 1 : 0) : -1, kind_b = key_b < len ? (live_b != 0 ? 1 : 0) : -1;
+    const int kind_a = key_kind_of(live_a, key_a, len), kind_b = key_kind_of(live_b, key_b, len);
     const int buf = kv_iter % kKVBuffers;
     mbar_wait(kv_full + buf, (kv_iter++ / kKVBuffers) & 1);
     const unsigned char* k_s = sK + buf * KeyTile::kBytes;

@@ -238,7 +238,11 @@ __device__ __forceinline__ TileCoords tile_coords(int t, int blocks, int pairs, 
 
 // What a key is to the softmax: live (1), masked (0: the score becomes -FLT_MAX, as on the
 // CPU, so a row with every key masked is uniform), or past the sequence (-1: no weight).
-// mask_row null (a packed sequence): every key within it is live.
+// mask_row null (a packed sequence): every key within it is live. key_kind_of: the same from
+// the key's mask value, already loaded (1 without a mask).
+__device__ __forceinline__ int key_kind_of(int mask_value, int j, int seq) {
+  return j < seq ? (mask_value != 0 ? 1 : 0) : -1;
+}
 __device__ __forceinline__ int key_kind(const int32_t* mask_row, int j, int seq) {
   return j < seq ? (!mask_row || mask_row[j] != 0 ? 1 : 0) : -1;
 }

@@ -91,7 +91,8 @@ __device__ __forceinline__ bool in_gelu_table(uint32_t w) {
 __device__ __forceinline__ uint32_t gelu2_table(uint32_t w, const uint16_t* table) {
   const uint32_t lo = min((w & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
   const uint32_t hi = min(((w >> 16) & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
-  return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) | uint32_t(table[hi + (w >> 31) * kGeluTableSpan]) << 16;
+  return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) |
+         uint32_t(table[hi + (w >> 31) * kGeluTableSpan]) << 16;
 }
 
 // The GELUs of kPieces x 8 staged pre-activations, packed as they are, in place: independent
