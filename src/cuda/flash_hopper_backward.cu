@@ -56,11 +56,11 @@ struct BwdSmem {
   // and one K/V buffer fits beside the stages.
   static constexpr bool kWide = D == 128;
   static constexpr int kKVBuffers = kWide ? 1 : 2;
-  // Registers a thread (128 producer + 256 consumer threads <= 64 Ki): at head size 128 the
+  // Registers a thread (128 producer + 256 consumer threads <= 384 x 168): at head size 128 the
   // consumers spill 56 bytes at 232, 4 at 240, and the producer's loop fits in 24.
   static constexpr int kProducerRegisters = kWide ? 24 : 40;
   static constexpr int kConsumerRegisters = kWide ? 240 : 232;
-  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= 65536);
+  static_assert(fits_launch_registers(kThreadsBwd, kProducerRegisters, kConsumerRegisters));
   // Per K/V buffer (two: the next tile's load overlaps this one; one at head size 128) K
   // and V of 128 keys; per stage Q and dO of 64 queries; per consumer warpgroup two dS^T
   // [64 keys][64 queries], used in turns, so that a warp writing the next block's dS^T

@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
 #ifdef HONE_HOPPER_IMAGE
   constexpr int kRows = hopper_forward_rows(D), kConsumers = kRows / 64;  // query rows per tile, warpgroups
   expect_threads(forward_threads(D));
+  constexpr int kProducerRegisters = kConsumers == 3 ? 24 : 40, kConsumerRegisters = kConsumers == 3 ? 160 : 232;
+  static_assert(fits_launch_registers(forward_threads(D), kProducerRegisters, kConsumerRegisters));
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using L = Smem<D, kRows>;
   using Tile = typename L::Tile;
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
-    registers_decrease<kConsumers == 3 ? 24 : 40>();
+    registers_decrease<kProducerRegisters>();
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int k = 0;; ++k) {
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
     return;
   }
 
-  registers_increase<kConsumers == 3 ? 160 : 232>();  // 128 x 24 + 384 x 160, 128 x 40 + 256 x 232 <= 64 Ki
+  registers_increase<kConsumerRegisters>();
   // A consumer: warpgroup wg, its warp wq holds rows 16 wq .. 16 wq + 15 of the group's 64.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;

@@ -60,6 +60,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 
 // Hands registers between warpgroups (every warp of a warpgroup executes it): a producer
 // that only issues TMA gives most back, the MMA warpgroups take them.
+// setmaxnreg moves registers only within what the CTA got at launch: under
+// __launch_bounds__(threads, 1) ptxas gives each thread 64 Ki / threads in steps of 8 (168 at
+// 384 threads, not 170). So one producer warpgroup and the consumers must fit in threads x
+// that, not in 64 Ki: an increase past it waits forever.
+constexpr bool fits_launch_registers(int threads, int producer, int consumer) {
+  return 128 * producer + (threads - 128) * consumer <= threads * (65536 / threads / 8 * 8);
+}
 template <int Registers>
 __device__ __forceinline__ void registers_decrease() {
 #ifdef HONE_HOPPER_IMAGE

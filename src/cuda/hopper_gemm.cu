@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(kProductThreads, 1)
     return;
   }
 
-  registers_increase<232>();  // 128 x 40 + 256 x 232 <= 64 Ki registers
+  registers_increase<232>();
+  static_assert(fits_launch_registers(kProductThreads, 40, 232));
   uint16_t* table = reinterpret_cast<uint16_t*>(smem + Smem::kTable);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // while the producer's first loads land
     for (int e = threadIdx.x; e < kGeluTableEntries; e += 128 * kConsumers) table[e] = gelu_table_entry(e);
