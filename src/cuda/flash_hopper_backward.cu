@@ -75,9 +75,10 @@ struct BwdSmem {
   static constexpr size_t kStats = kDS + size_t(2 * kConsumers) * kDsBytes;         // [kStages][64] float2
   static constexpr size_t kDot = kStats + size_t(kStages) * kQueries * 8;           // [kStages][64] F32
   static constexpr size_t kBits = kDot + size_t(kStages) * kQueries * 4;  // [kStages][64][4] U32, 128-aligned
-  // Per stage, both warpgroups' dQ parts for the reducer warps: [kStages][2][D / 8][128] float4.
+  // Per stage, both warpgroups' dQ parts for the reducer warps: [kStages][2][64 queries][D]
+  // F32, rows of D / 4 16-byte chunks, chunk c of row r at c ^ (r % 8) (dq_part_offset).
   static constexpr size_t kPart = kBits + size_t(kStages) * kQueries * 16;
-  static constexpr size_t kBars = kPart + (kWide ? 0 : size_t(kStages) * 2 * (D / 8) * 128 * 16);
+  static constexpr size_t kBars = kPart + (kWide ? 0 : size_t(kStages) * 2 * kQueries * D * 4);
   static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 * kKVBuffers + 4 * kStages) * 8);
   static constexpr size_t kBytes = kOrder.end + 1024;  // + alignment slack
 };
@@ -136,20 +137,31 @@ __device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], con
   }
 }
 
+// Byte offset of column `col` (a multiple of 2) of row `row` in a dQ part: rows of D / 4
+// 16-byte chunks, chunk c at c ^ (row % 8), so that a consumer warp's float2 stores (8 rows,
+// four column pairs) and a reducer warp's float4 loads (whole rows) meet no bank conflicts.
+template <int D>
+__device__ __forceinline__ uint32_t dq_part_offset(int row, int col) {
+  return uint32_t(row * D * 4 + ((((col >> 2) ^ (row & 7))) << 4) + (col & 3) * 4);
+}
+
 // The producer warpgroup's warps 1-3 (thread rt of kReducerThreads): per query block of the
 // CTA's tiles (the walk of the producer and the consumers), they wait for both consumer
-// warpgroups' dQ parts (fragment layout: float4 j of consumer thread i holds rows 16 (i / 32)
-// + (i % 32) / 4 and 8 below it, columns 8 j + 2 (i % 4) and the next), add them and reduce
-// the sum into the F32 accumulator, then hand the buffer back.
+// warpgroups' dQ parts, add them and reduce the sum into the F32 accumulator, four columns a
+// reduction (one per element and tile), then hand the buffer back. A thread keeps one chunk
+// of four columns and takes every kRowStep-th row.
 template <int D>
 __device__ __forceinline__ void reduce_dq_parts(const BackwardArgs& a, int batch, const uint16_t* order,
-                                                const float4* parts, uint64_t* parts_full, uint64_t* parts_empty,
-                                                int rt) {
-  constexpr int kParts = D / 8;  // float4s a consumer thread
+                                                const unsigned char* parts, uint64_t* parts_full,
+                                                uint64_t* parts_empty, int rt) {
+  constexpr int kChunks = D / 4;                          // 16-byte chunks a row
+  constexpr int kRowStep = kReducerThreads / kChunks;     // rows a pass of the reducers covers
+  constexpr int kPartBytes = kQueries * D * 4;
+  static_assert(kReducerThreads % kChunks == 0);
   const int S = a.seq, H = a.heads * D;
   const int key_tiles = (S + kKeys - 1) / kKeys;
   const int tiles = key_tiles * batch * a.heads;
-  const int lane = rt & 31;
+  const int chunk = rt % kChunks, row0 = rt / kChunks;
   int r_iter = 0;
   for (int k = 0;; ++k) {
     const TileCoords tc = cta_tile(order, k, tiles, key_tiles, a.heads, batch * a.heads, a.row_start != nullptr);
@@ -158,22 +170,29 @@ __device__ __forceinline__ void reduce_dq_parts(const BackwardArgs& a, int batch
     const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, b, S, a.window);
     if (key0 >= rows.keys) continue;
     const BlockRange walk = query_walk(a, rows, key0);
-    float* acc = a.dq_accum + rows.first * H + h * D;
     for (int qb = walk.lo; qb < walk.hi; ++qb, ++r_iter) {
       const int stage = r_iter % kStages;
+      const int live = min(rows.len - qb * kQueries, kQueries);  // rows within the sequence
+      float* at = a.dq_accum + (rows.first + qb * kQueries + row0) * H + h * D + 4 * chunk;
+      const unsigned char* p0 = parts + stage * 2 * kPartBytes;
       mbar_wait(parts_full + stage, (r_iter / kStages) & 1);
-      const float4* p0 = parts + stage * 2 * kParts * 128 + lane;
-      const float4* p1 = p0 + kParts * 128;
-      // A warp takes chunks of 32 float4s, chunk c = float4 c / 4 of consumer warp c % 4;
-      // this lane's are its row g and column pair t of them.
-      const int q0 = qb * kQueries + (lane >> 2);
-      float* at0 = acc + int64_t(q0) * H + 2 * (lane & 3);
-      for (int c = rt >> 5; c < kParts * 4; c += kReducerThreads / 32) {
-        const float4 x = p0[c * 32], y = p1[c * 32];
-        const int q = q0 + (c & 3) * 16;
-        float* at = at0 + (c & 3) * int64_t(16 * H) + (c >> 2) * 8;
-        if (q < rows.len) red_add_f32x2(at, x.x + y.x, x.y + y.y);
-        if (q + 8 < rows.len) red_add_f32x2(at + 8 * H, x.z + y.z, x.w + y.w);
+      // Two rows a turn, their four loads issued together.
+      const auto add_row = [&](float* to, const float4& x, const float4& y) {
+        red_add_f32x4(to, x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      };
+      int row = row0;
+      for (; row + kRowStep < live; row += 2 * kRowStep, at += int64_t(2 * kRowStep) * H) {
+        const uint32_t o0 = dq_part_offset<D>(row, 4 * chunk), o1 = dq_part_offset<D>(row + kRowStep, 4 * chunk);
+        const float4 x0 = *reinterpret_cast<const float4*>(p0 + o0);
+        const float4 y0 = *reinterpret_cast<const float4*>(p0 + kPartBytes + o0);
+        const float4 x1 = *reinterpret_cast<const float4*>(p0 + o1);
+        const float4 y1 = *reinterpret_cast<const float4*>(p0 + kPartBytes + o1);
+        add_row(at, x0, y0);
+        add_row(at + int64_t(kRowStep) * H, x1, y1);
+      }
+      if (row < live) {
+        const uint32_t o = dq_part_offset<D>(row, 4 * chunk);
+        add_row(at, *reinterpret_cast<const float4*>(p0 + o), *reinterpret_cast<const float4*>(p0 + kPartBytes + o));
       }
       mbar_arrive(parts_empty + stage);
     }
@@ -243,8 +262,8 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
     registers_decrease<L::kProducerRegisters>();
     if (warp != kConsumerWarps) {
       if constexpr (!L::kWide)
-        reduce_dq_parts<D>(a, batch, tile_order(), reinterpret_cast<const float4*>(smem + L::kPart), parts_full,
-                           parts_empty, threadIdx.x - 128 * kConsumers - 32);
+        reduce_dq_parts<D>(a, batch, tile_order(), smem + L::kPart, parts_full, parts_empty,
+                           threadIdx.x - 128 * kConsumers - 32);
       return;
     }
     int kv_iter = 0, q_iter = 0;
@@ -486,13 +505,15 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         // accumulator (reduce_dq_parts), one reduction per element and tile. Done here, one
         // warpgroup waited at a barrier for the other's part every block and then issued
         // the reductions itself (ncu: a quarter of the consumers' warp samples).
-        constexpr int kParts = D / 8;  // float4s a thread
         mbar_wait(parts_empty + stage, ((q_iter / kStages) & 1) ^ 1);
-        float4* part =
-            reinterpret_cast<float4*>(smem + L::kPart) + (stage * 2 + wg) * kParts * 128 + (threadIdx.x & 127);
+        unsigned char* part = smem + L::kPart + (stage * 2 + wg) * kQueries * D * 4;
+        const int row = wq * 16 + g;  // and row + 8
 #pragma unroll
-        for (int j = 0; j < kParts; ++j)
-          part[j * 128] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const uint32_t off = dq_part_offset<D>(row, dt * 8 + 2 * t);
+          *reinterpret_cast<float2*>(part + off) = make_float2(dq[4 * dt], dq[4 * dt + 1]);
+          *reinterpret_cast<float2*>(part + off + 8 * D * 4) = make_float2(dq[4 * dt + 2], dq[4 * dt + 3]);
+        }
         mbar_arrive(parts_full + stage);
         __syncwarp();
         if (lane == 0) mbar_arrive(q_empty + stage);

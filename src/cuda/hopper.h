@@ -118,6 +118,14 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
 #endif
 }
+// Adds four floats to global memory (16-byte aligned), one vector reduction. No memory
+// clobber: the memory it adds to is not read by the kernels that reduce into it, and loads
+// after it (the next values to add) may be issued before it.
+__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
+#ifdef HONE_HOPPER_IMAGE
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d));
+#endif
+}
 
 // ---------------------------------------------------------------- wgmma
 
