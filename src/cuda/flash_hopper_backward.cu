@@ -114,10 +114,18 @@ struct GradTile {
 
 // s (S^T: 16 keys of this warp by the block's 64 queries, accumulator layout) becomes P'^T
 // and dp (dP^T) becomes dS^T, also written to g.ds as bf16/fp16: backward_tile on a tile
-// that crosses a window's edge, backward_tile_off_edge elsewhere.
-template <typename T, bool Dropping, bool Edge>
+// that crosses a window's edge, backward_tile_off_edge elsewhere. With StoresLast, dS^T's
+// stores follow every tile's loads: behind a store to shared memory, the next tile's loads of
+// the stats and D could not be issued early (ptxas cannot tell them apart), and the
+// subtraction of D waited on each (ncu: 6% of the kernel's warp samples at head size 64).
+// At head size 128 the held values spill, so there each tile stores its own.
+template <typename T, bool Dropping, bool Edge, bool StoresLast>
 __device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], const GradTile& g) {
   const float bias_a = kind_bias(g.kind_a), bias_b = kind_bias(g.kind_b);
+  const auto store = [&](int nt) {
+    *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row, nt) + 4 * g.t) = pack<T>(dp[4 * nt], dp[4 * nt + 1]);
+    *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row + 8, nt) + 4 * g.t) = pack<T>(dp[4 * nt + 2], dp[4 * nt + 3]);
+  };
 #pragma unroll
   for (int nt = 0; nt < kQueries / 8; ++nt) {
     const int qc = nt * 8 + 2 * g.t;
@@ -132,15 +140,11 @@ __device__ __forceinline__ void block_grads(float (&s)[32], float (&dp)[32], con
                     outside_bits(g.window, g.key_a, g.q0 + qc));
     else
       backward_tile_off_edge<Dropping>(sv, dv, bias_a, bias_b, g.scale_log2, st, dot, w0, w1, g.keep_scale);
+    if constexpr (!StoresLast) store(nt);
   }
-  // dS^T's stores after every tile's loads: behind a store to shared memory, the next
-  // tile's loads of the stats and D could not be issued early (ptxas cannot tell them
-  // apart), and the subtraction of D waited on each (ncu: 6% of the kernel's warp samples).
+  if constexpr (StoresLast)
 #pragma unroll
-  for (int nt = 0; nt < kQueries / 8; ++nt) {
-    *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row, nt) + 4 * g.t) = pack<T>(dp[4 * nt], dp[4 * nt + 1]);
-    *reinterpret_cast<uint32_t*>(g.ds + swizzled(g.row + 8, nt) + 4 * g.t) = pack<T>(dp[4 * nt + 2], dp[4 * nt + 3]);
-  }
+    for (int nt = 0; nt < kQueries / 8; ++nt) store(nt);
 }
 
 // Byte offset of column `col` (a multiple of 2) of row `row` in a dQ part: rows of D / 4
@@ -427,10 +431,13 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
                                        qb * kQueries + kQueries - 1);
       const GradTile gt{a.scale_log2, a.keep_scale, a.window, kind_a, kind_b, key_a, qb * kQueries, stats, dots,
                         bits + bit_word, bit_a, ds_s, wq * 16 + g, t};
+      constexpr bool kStoresLast = !L::kWide;
       if (edge)
-        dropping ? block_grads<T, true, true>(s, dp, gt) : block_grads<T, false, true>(s, dp, gt);
+        dropping ? block_grads<T, true, true, kStoresLast>(s, dp, gt)
+                 : block_grads<T, false, true, kStoresLast>(s, dp, gt);
       else
-        dropping ? block_grads<T, true, false>(s, dp, gt) : block_grads<T, false, false>(s, dp, gt);
+        dropping ? block_grads<T, true, false, kStoresLast>(s, dp, gt)
+                 : block_grads<T, false, false, kStoresLast>(s, dp, gt);
 
       // dV += P'^T dO and dK += dS^T Q: the accumulator tiles, two by two, are A fragments of 16 queries.
       uint32_t pa[kQueries / 16][4], da[kQueries / 16][4];
