@@ -89,7 +89,7 @@ struct Smem {
 template <typename T, int D>
 __global__ void __launch_bounds__(forward_threads(D), 1)
     hopper_forward_kernel(const __grid_constant__ CUtensorMap qkv_map, const __grid_constant__ CUtensorMap q_map,
-                          const __grid_constant__ CUtensorMap bits_map, ForwardArgs a, int batch) {
+                          const __grid_constant__ CUtensorMap bits_map, ForwardArgs a, int batch, TileCounts n) {
 #ifdef HONE_HOPPER_IMAGE
   constexpr int kRows = hopper_forward_rows(D), kConsumers = kRows / 64;  // query rows per tile, warpgroups
   expect_threads(forward_threads(D));
@@ -126,8 +126,6 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   __syncthreads();
 
   const int S = a.seq, H = a.heads * D;
-  const int q_tiles = (S + kRows - 1) / kRows;
-  const int tiles = q_tiles * batch * a.heads;
   const bool dropping = a.drop.p > 0.0f;
   const bool packed = a.row_start != nullptr;
   // Small padded calls come without key lengths (mask_lengths_in_kernel): each CTA takes
@@ -145,23 +143,23 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   // Null for plain turns; the loops below recompute it from the arguments rather than hold
   // it. A launch of at most a tile a CTA (batch 1) has no order to choose: each CTA takes its
   // own tile, without the sort's pass over the pairs and its barriers (batch 1 x 128 ran 2.5%
-  // faster). ptxas (nvcc 13) reports 16-48 bytes of spill stores with the tile lookups; dense
-  // batches ran within 1% of turns without them.
+  // faster). The tile counts come as an argument (TileCounts); ptxas (nvcc 13) reports 32-44
+  // bytes of spill stores at head sizes 32 and 64, all in the producer's 24 registers.
   const auto tile_order = [&] {
-    return orders_tiles<kRows>(batch, S) && tiles > int(gridDim.x) ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order)
-                                                                   : nullptr;
+    const bool ordered = orders_tiles<kRows>(batch, S) && n.tiles > int(gridDim.x);
+    return ordered ? reinterpret_cast<uint16_t*>(smem + L::kOrder.order) : nullptr;
   };
   if (tile_order())
     sort_pairs_by_work(
-        batch * q_tiles, [&](int p) { return forward_work<kRows>(a, key_lengths, p, q_tiles); }, smem + L::kOrder.work,
-        tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
+        batch * n.blocks, [&](int p) { return forward_work<kRows>(a, key_lengths, p, n.blocks); },
+        smem + L::kOrder.work, tile_order(), reinterpret_cast<int*>(smem + L::kOrder.count));
 
   if (warp >= kConsumerWarps) {  // the producer warpgroup: its first warp loads, the others leave
     registers_decrease<kProducerRegisters>();
     if (warp != kConsumerWarps) return;
     int kv_iter = 0, q_iter = 0;
     for (int k = 0;; ++k) {
-      const TileCoords tc = cta_tile(tile_order(), k, tiles, q_tiles, a.heads, batch * a.heads, packed);
+      const TileCoords tc = cta_tile(tile_order(), k, n.tiles, n.blocks, a.heads, n.bh_pairs, packed);
       if (tc.bh < 0) break;
       const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, key_lengths, b, S, a.window);
@@ -207,7 +205,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
   for (int k = 0;; ++k) {
-    const TileCoords tc = cta_tile(tile_order(), k, tiles, q_tiles, a.heads, batch * a.heads, packed);
+    const TileCoords tc = cta_tile(tile_order(), k, n.tiles, n.blocks, a.heads, n.bh_pairs, packed);
     if (tc.bh < 0) break;
     const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
     const SequenceRows rows = sequence_rows(a.row_start, key_lengths, b, S, a.window);
@@ -384,9 +382,10 @@ void launch_hopper_forward(const ForwardArgs& a, const CUtensorMap& qkv_map, con
     return true;
   }();
   (void)smem_opted_in;
-  const int tiles = (a.seq + kRows - 1) / kRows * batch * a.heads;
+  const int blocks = (a.seq + kRows - 1) / kRows;
+  const TileCounts n{blocks, batch * a.heads, blocks * batch * a.heads};
   hopper_forward_kernel<T, D>
-      <<<std::min(tiles, sms), forward_threads(D), kBytes, stream>>>(qkv_map, q_map, bits_map, a, batch);
+      <<<std::min(n.tiles, sms), forward_threads(D), kBytes, stream>>>(qkv_map, q_map, bits_map, a, batch, n);
   HONE_CUDA_LAUNCH_CHECK();
 }
 

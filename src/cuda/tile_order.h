@@ -66,6 +66,16 @@ __device__ void sort_pairs_by_work(int pairs, WorkKey work_key, uint8_t* work, u
   __syncthreads();
 }
 
+// A launch's tile counts, a kernel argument computed on the host. Derived in the kernel from
+// the other arguments, they were live across the producer/consumer register split, and
+// ptxas spilled them and reloaded them from local memory at every tile; an argument is read
+// from the constant bank wherever it is used.
+struct TileCounts {
+  int blocks;    // tiles a (sequence, head) pair
+  int bh_pairs;  // (sequence, head) pairs
+  int tiles;     // blocks x bh_pairs
+};
+
 // The k-th tile of this CTA, or bh = -1 when it has no more: from the pairs (b blocks +
 // block) by work, or in plain turns (order null).
 __device__ __forceinline__ TileCoords cta_tile(const uint16_t* order, int k, int tiles, int blocks, int heads,
