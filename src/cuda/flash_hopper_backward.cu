@@ -39,7 +39,8 @@ constexpr int kQueries = 64;                           // queries per block
 constexpr int kStages = 2;                             // query blocks in flight
 constexpr int kThreadsBwd = 128 * (kConsumers + 1);    // + the producer warpgroup
 constexpr int kDsBytes = 64 * 64 * 2;                  // one swizzled [64 keys][64 queries] dS^T
-constexpr int kReducerThreads = 96;                    // the producer warpgroup's warps 1-3 (reduce_dq_parts)
+// The producer warpgroup's warps 1-3 (reduce_dq_parts).
+[[maybe_unused]] constexpr int kReducerThreads = 96;
 
 // The query blocks that key tile key0 of a sequence is weighed by (window_blocks); the
 // producer and the consumers walk the same ones.
@@ -85,12 +86,12 @@ struct BwdSmem {
 
 // Whether the launch's (sequence, key tile) pairs go heaviest first (tile_order.h): the work
 // key is the query blocks walked, 0 for a key tile past the sequence's last attended key.
-__device__ __forceinline__ bool orders_tiles(int batch, int S) {
+[[maybe_unused]] __device__ __forceinline__ bool orders_tiles(int batch, int S) {
   return batch * ((S + kKeys - 1) / kKeys) <= kMaxOrderedPairs && (S + kQueries - 1) / kQueries < kWorkKeys;
 }
 
 // The work key of pair p = b key_tiles + kt (orders_tiles).
-__device__ __forceinline__ int backward_work(const BackwardArgs& a, int p, int key_tiles) {
+[[maybe_unused]] __device__ __forceinline__ int backward_work(const BackwardArgs& a, int p, int key_tiles) {
   const int key0 = p % key_tiles * kKeys;
   const SequenceRows rows = sequence_rows(a.row_start, a.key_lengths, p / key_tiles, a.seq, a.window);
   if (key0 >= rows.keys) return 0;

@@ -45,7 +45,7 @@ constexpr int forward_threads(int D) { return 128 * (hopper_forward_rows(D) / 64
 
 // The rows of a sequence whose context is written: all of them, or its first
 // (ForwardArgs::query_rows). Rows past them are skipped as rows past the sequence are.
-__device__ __forceinline__ int query_rows(const ForwardArgs& a, const SequenceRows& rows) {
+[[maybe_unused]] __device__ __forceinline__ int query_rows(const ForwardArgs& a, const SequenceRows& rows) {
   return min(rows.len, a.query_rows);
 }
 

@@ -67,7 +67,7 @@ struct Smem {
 __device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 
 // The table's entry for bf16 bits u: its GELU's bits.
-__device__ __forceinline__ uint16_t gelu_table_entry(uint32_t e) {
+[[maybe_unused]] __device__ __forceinline__ uint16_t gelu_table_entry(uint32_t e) {
   const uint32_t u = (e < kGeluTableSpan ? 0u : 0x8000u) | (kGeluTableLow + e % kGeluTableSpan);
   return uint16_t(pack<__nv_bfloat16>(gelu(__uint_as_float(u << 16)), 0.0f));
 }
@@ -80,7 +80,7 @@ __device__ __forceinline__ uint32_t gelu2(uint32_t w) {
 }
 
 // Whether both bf16 halves of w lie in the table.
-__device__ __forceinline__ bool in_gelu_table(uint32_t w) {
+[[maybe_unused]] __device__ __forceinline__ bool in_gelu_table(uint32_t w) {
   return (w & 0x7fffu) - kGeluTableLow < kGeluTableSpan && ((w >> 16) & 0x7fffu) - kGeluTableLow < kGeluTableSpan;
 }
 
@@ -88,7 +88,7 @@ __device__ __forceinline__ bool in_gelu_table(uint32_t w) {
 // in_gelu_table(w), and read from the table either way, without a branch, so that a thread's
 // lookups are all in flight at once. (Taken pair by pair behind a branch, each pair's loads
 // waited for the pair before.)
-__device__ __forceinline__ uint32_t gelu2_table(uint32_t w, const uint16_t* table) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t gelu2_table(uint32_t w, const uint16_t* table) {
   const uint32_t lo = min((w & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
   const uint32_t hi = min(((w >> 16) & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
   return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) |
