@@ -39,6 +39,8 @@ constexpr int kTileM = 128, kTileN = 128, kSliceK = 64;
 constexpr int kStages = 4;
 constexpr int kConsumers = 2;
 constexpr int kProductThreads = 128 * (kConsumers + 1);  // the consumer warpgroups, then the producer's
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;  // a thread, after the split
+static_assert(fits_launch_registers(kProductThreads, kProducerRegisters, kConsumerRegisters));
 constexpr int kSliceBytes = kTileM * kSliceK * 2;        // one [128][64] half tile, x's or w's
 constexpr int kStagedRow = kTileN + 8;  // elements a staged output row takes: a warp's fragment
                                         // writes (8 rows, 4 lanes) fall in distinct banks
@@ -194,7 +196,7 @@ __global__ void __launch_bounds__(kProductThreads, 1)
   const int tiles_n = n / kTileN, tiles = tiles_n * ((m + kTileM - 1) / kTileM), slices = k / kSliceK;
 
   if (warp >= 4 * kConsumers) {  // the producer warpgroup: one lane of its first warp loads
-    registers_decrease<40>();
+    registers_decrease<kProducerRegisters>();
     if (warp != 4 * kConsumers || lane != 0) return;
     int it = 0;  // slices handed out so far
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -210,8 +212,7 @@ __global__ void __launch_bounds__(kProductThreads, 1)
     return;
   }
 
-  registers_increase<232>();
-  static_assert(fits_launch_registers(kProductThreads, 40, 232));
+  registers_increase<kConsumerRegisters>();
   uint16_t* table = reinterpret_cast<uint16_t*>(smem + Smem::kTable);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // while the producer's first loads land
     for (int e = threadIdx.x; e < kGeluTableEntries; e += 128 * kConsumers) table[e] = gelu_table_entry(e);
