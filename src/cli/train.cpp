@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <optional>
 
@@ -136,8 +137,15 @@ int train_command(const TrainingArguments& requested) {
   std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(gpu) : std::nullopt;
   if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
+  // The CUDA context and cuBLASLt's setup on another thread while the inputs are read:
+  // otherwise the first step waits for the latter (0.10-0.13 s of bert-large's).
+  std::future<void> prepared;
+  if (want_gpu)
+    prepared = std::async(std::launch::async, prepare_cuda, gpu,
+                          a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32, a.tf32);
   RunInputs in = prepare_inputs(a, true, evaluates, false);
   timeline.mark("inputs");
+  if (prepared.valid()) prepared.get();
   const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> backend = make_backend(a, false, gpu);
   Backend& be = *backend;

@@ -14,6 +14,7 @@
 
 #include "cuda/check.h"
 #include "cuda/sdpa.h"
+#include "cuda/warm_start.h"
 
 namespace hone {
 
@@ -47,7 +48,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), 
   sms_ = prop.multiProcessorCount;
   cudnn_attention_ = cuda::cudnn_attention_selected();
   HONE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
+  lt_ = cuda::take_prepared_lt(device_);
+  if (!lt_) HONE_CUBLAS_CHECK(cublasLtCreate(&lt_));
   HONE_CUDA_CHECK(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes));
   const size_t reduce_bytes = kReduceSlots * sizeof(double) + sizeof(unsigned);
   HONE_CUDA_CHECK(cudaMalloc(&reduce_scratch_, reduce_bytes));

@@ -18,6 +18,8 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaOptions&) {
   fail("{}", why);
 }
 
+void prepare_cuda(int, DType, bool) {}
+
 std::optional<GpuMemory> gpu_memory(int) { return std::nullopt; }
 
 std::string gpu_environment_report() {
