@@ -3,7 +3,7 @@
 //
 // Measured at bert-large's seed run (bf16, batch 4, H200, 2026-11-29): the first step took
 // 240-275 ms on the host against 14 for the others. Of that, cuBLASLt's first algorithm
-// query of each kind of product took 140-160 ms (the forward's half products 90-110 ms
+// query of each kind of product took 140-150 ms (the forward's half products 90-100 ms
 // beside the first timed candidates, the first weight gradient of half operands into F32
 // 36-38, the first bias gradient 9, the first input gradient 4-6), while later queries of
 // the same kinds took 0.1-0.3 ms whatever their shapes. One query of each kind readies
