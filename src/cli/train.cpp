@@ -141,8 +141,7 @@ int train_command(const TrainingArguments& requested) {
   // otherwise the first step waits for the latter (0.10-0.13 s of bert-large's).
   std::future<void> prepared;
   if (want_gpu)
-    prepared = std::async(std::launch::async, prepare_cuda, gpu,
-                          a.bf16 ? DType::BF16 : a.fp16 ? DType::F16 : DType::F32, a.tf32);
+    prepared = std::async(std::launch::async, prepare_cuda, gpu, compute_dtype(a), a.tf32);
   RunInputs in = prepare_inputs(a, true, evaluates, false);
   timeline.mark("inputs");
   if (prepared.valid()) prepared.get();

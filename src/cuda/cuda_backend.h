@@ -183,6 +183,24 @@ class CudaBackend final : public Backend {
     void* aux = nullptr;
     bool whole_k = false;  // only algorithms that take k in one pass (no split-k reduction)
   };
+  // cuBLASLt's description of a product (linear.cu), in opaque descriptors held in place:
+  // nothing to allocate or destroy. Not copyable: the handles point into it. TF32, when
+  // allowed, applies to F32 operands only.
+  struct LtDescription {
+    LtDescription(const LtGemm& g, bool tf32);
+    LtDescription(const LtDescription&) = delete;
+    LtDescription& operator=(const LtDescription&) = delete;
+    cublasLtMatmulDescOpaque_t desc_storage;
+    cublasLtMatrixLayoutOpaque_t a_storage, b_storage, d_storage;
+    cublasLtMatmulDesc_t desc = &desc_storage;
+    cublasLtMatrixLayout_t a = &a_storage, b = &b_storage, d = &d_storage;
+  };
+  // The heuristic's first `count` algorithms for g, under lt_matmul's preferences (its
+  // workspace, g's pointers' alignments, split-k sums only where they add no rounding):
+  // how many it found. Shared with prepare_cuda (warm_start.cpp), which asks before a
+  // backend exists.
+  static int lt_heuristics(cublasLtHandle_t lt, const LtGemm& g, const LtDescription& d, int count,
+                           cublasLtMatmulHeuristicResult_t* results);
   // False, having run nothing, only for a GELU epilogue that cuBLASLt has no kernel for
   // here; any other product without an algorithm fails.
   bool lt_matmul(const LtGemm& g);

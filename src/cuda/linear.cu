@@ -85,14 +85,11 @@ bool gelu_epilogue(Activation a, int64_t features, const void* aux) {
 
 }  // namespace
 
-bool CudaBackend::lt_matmul(const LtGemm& g) {
-  // Opaque descriptors on the stack: nothing to allocate or destroy per call.
-  cublasLtMatmulDescOpaque_t desc_storage;
-  cublasLtMatmulDesc_t desc = &desc_storage;
-  // F32 accumulation and F32 alpha/beta for every dtype; TF32 applies to F32 inputs only.
-  const bool tf32 = tf32_ && g.ab_type == CUDA_R_32F;
-  HONE_CUBLAS_CHECK(
-      cublasLtMatmulDescInit(desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+CudaBackend::LtDescription::LtDescription(const LtGemm& g, bool tf32) {
+  // F32 accumulation and F32 alpha/beta for every dtype.
+  const cublasComputeType_t compute =
+      tf32 && g.ab_type == CUDA_R_32F ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  HONE_CUBLAS_CHECK(cublasLtMatmulDescInit(desc, compute, CUDA_R_32F));
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.op_a, sizeof(g.op_a)));
   HONE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.op_b, sizeof(g.op_b)));
   HONE_CHECK(g.gelu != GeluEpilogue::Backward || !g.bias, "cuBLASLt product: a GELU-gradient epilogue takes no bias");
@@ -128,27 +125,58 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   }
 
   const bool ta = g.op_a == CUBLAS_OP_T, tb = g.op_b == CUBLAS_OP_T;
-  cublasLtMatrixLayoutOpaque_t la_storage, lb_storage, ld_storage;
-  cublasLtMatrixLayout_t la = &la_storage, lb = &lb_storage, ld = &ld_storage;
-  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(la, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
-  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(lb, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
-  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(ld, g.d_type, g.m, g.n, g.ldd));
+  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(a, g.ab_type, ta ? g.k : g.m, ta ? g.m : g.k, g.lda));
+  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(b, g.ab_type, tb ? g.n : g.k, tb ? g.k : g.n, g.ldb));
+  HONE_CUBLAS_CHECK(cublasLtMatrixLayoutInit(d, g.d_type, g.m, g.n, g.ldd));
   if (g.batch > 1) {  // the attention's per-head products: one call for all heads
     const int32_t count = g.batch;
-    for (auto [layout, stride] : {std::pair{la, g.stride_a}, std::pair{lb, g.stride_b}, std::pair{ld, g.stride_d}}) {
+    for (auto [layout, stride] : {std::pair{a, g.stride_a}, std::pair{b, g.stride_b}, std::pair{d, g.stride_d}}) {
       HONE_CUBLAS_CHECK(
           cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
       HONE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                          sizeof(stride)));
     }
   }
+}
 
-  const uint32_t align_a = alignment(g.a), align_b = alignment(g.b), align_d = alignment(g.d);
+int CudaBackend::lt_heuristics(cublasLtHandle_t lt, const LtGemm& g, const LtDescription& d, int count,
+                               cublasLtMatmulHeuristicResult_t* results) {
+  cublasLtMatmulPreferenceOpaque_t pref_storage;
+  cublasLtMatmulPreference_t pref = &pref_storage;
+  HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(pref));
+  const uint64_t ws_limit = kGemmWorkspaceBytes;
+  HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_limit,
+                                                         sizeof(ws_limit)));
+  // Split-K partial sums only in F32: reducing them in a half-precision output (in place
+  // or in the output type) rounds each product once more, which lt_matmul's timed choice
+  // picked on a small bf16 product (GpuMixed measured 1.1 of bf16's rounding there).
+  if (g.d_type != CUDA_R_32F || g.whole_k) {
+    const uint32_t reductions = g.whole_k ? CUBLASLT_REDUCTION_SCHEME_NONE
+                                          : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                           &reductions, sizeof(reductions)));
+  }
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(g.a)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(g.b)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(g.d)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(g.d)}};
+  for (const auto& [attr, value] : aligns)
+    HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+  int found = 0;
+  HONE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, d.desc, d.a, d.b, d.d, d.d, pref, count, results, &found));
+  return found;
+}
+
+bool CudaBackend::lt_matmul(const LtGemm& g) {
+  const LtDescription described(g, tf32_);
+  cublasLtMatmulDesc_t desc = described.desc;
+  cublasLtMatrixLayout_t la = described.a, lb = described.b, ld = described.d;
   // alignment(nullptr) is 256, hence the flag for the bias.
-  const std::array<int64_t, kLtKey> key = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, align_a, align_b,
-                                           align_d, alignment(g.bias), g.lda, g.ldb, g.ldd, g.batch, g.stride_a,
-                                           g.stride_b, g.stride_d, g.ab_type, g.d_type, int64_t(g.gelu),
-                                           g.aux ? alignment(g.aux) : 0, g.whole_k};
+  const std::array<int64_t, kLtKey> key = {g.m, g.n, g.k, g.op_a, g.op_b, g.bias != nullptr, alignment(g.a),
+                                           alignment(g.b), alignment(g.d), alignment(g.bias), g.lda, g.ldb, g.ldd,
+                                           g.batch, g.stride_a, g.stride_b, g.stride_d, g.ab_type, g.d_type,
+                                           int64_t(g.gelu), g.aux ? alignment(g.aux) : 0, g.whole_k};
   const cublasLtMatmulAlgo_t* algo = nullptr;
   if (auto it = lt_algos_.find(key); it != lt_algos_.end()) {
     if (!it->second) return false;  // an epilogue this cuBLASLt has no kernel for
@@ -176,39 +204,15 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
       algo = &*lt_algos_.emplace(key, it->second).first->second;
   }
   if (!algo) {
-    cublasLtMatmulPreferenceOpaque_t pref_storage;
-    cublasLtMatmulPreference_t pref = &pref_storage;
-    HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceInit(pref));
-    const uint64_t ws_limit = kGemmWorkspaceBytes;
-    HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_limit,
-                                                           sizeof(ws_limit)));
-    // Split-K partial sums only in F32: reducing them in a half-precision output (in place
-    // or in the output type) rounds each product once more, which the timed choice below
-    // picked on a small bf16 product (GpuMixed measured 1.1 of bf16's rounding there).
-    if (g.d_type != CUDA_R_32F || g.whole_k) {
-      const uint32_t reductions = g.whole_k ? CUBLASLT_REDUCTION_SCHEME_NONE
-                                            : CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-      HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                             &reductions, sizeof(reductions)));
-    }
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
-    for (const auto& [attr, value] : aligns)
-      HONE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-    int found = 0;
-    HONE_CUBLAS_CHECK(
-        cublasLtMatmulAlgoGetHeuristic(lt_, desc, la, lb, ld, ld, pref, tune ? kCandidates : 1, results, &found));
+    const int found = lt_heuristics(lt_, g, described, tune ? kCandidates : 1, results);
     if (found == 0 && g.gelu != GeluEpilogue::None) {
       lt_algos_.emplace(key, std::nullopt);
       return false;
     }
     if (found == 0)
       fail("cuBLASLt has no algorithm for the product m={} n={} k={} (ops {}{}{}{}, types {} -> {})", g.m, g.n, g.k,
-           ta ? 'T' : 'N', tb ? 'T' : 'N', g.bias ? ", bias" : "",
+           g.op_a == CUBLAS_OP_T ? 'T' : 'N', g.op_b == CUBLAS_OP_T ? 'T' : 'N', g.bias ? ", bias" : "",
            g.gelu == GeluEpilogue::None ? "" : g.gelu == GeluEpilogue::Forward ? ", GELU" : ", GELU gradient",
            int(g.ab_type), int(g.d_type));
     cublasLtMatmulHeuristicResult_t result = results[0];
