@@ -1,6 +1,7 @@
 // prepare_cuda (hone/cuda.h) on a real GPU: the cuBLASLt handle it readies goes to the next
 // backend of its device, once, and that backend's products are bit for bit those of a
-// backend made without it (but for F32's bias gradient, whose sums are added atomically).
+// backend made without it (but for F32's bias gradient, whose sums are added atomically);
+// without a GPU it ends quietly.
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include "cuda/warm_start.h"
 #include "device_tensor.h"
 #include "hone/cuda.h"
+#include "hone/error.h"
 #include "test_util.h"
 
 namespace hone {
@@ -72,6 +74,21 @@ TEST_F(WarmStart, ABackendAfterPreparationComputesTheSameProducts) {
     }
   }
   EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);  // each backend took its handle
+}
+
+// Without a usable GPU (CI's machines), the preparation is best effort: it ends quietly,
+// prepares no handle, and the backend's own creation reports what is missing.
+TEST(WarmStartWithoutGpu, EndsQuietlyAndLeavesTheErrorToTheBackend) {
+  std::string why;
+  if (cuda_available(&why)) GTEST_SKIP() << "a GPU is usable here: the case needs a machine without one";
+  EXPECT_NO_THROW(prepare_cuda(0, DType::BF16, false));
+  EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);
+  try {
+    make_cuda_backend({});
+    ADD_FAILURE() << "make_cuda_backend made a backend without a usable GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
