@@ -19,12 +19,16 @@ bool cuda_available(std::string* why);
 bool mixed_precision_available(std::string* why);
 // Throws hone::Error when cuda_available() is false.
 std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options);
+// The products a prepared run makes: a training step's every kind, or inference's
+// forward ones (`hone predict`, `hone serve`).
+enum class PreparedWork { Training, Inference };
 // Readies what a CUDA backend's first step would otherwise wait for, from any thread, so
-// that `hone train` can do it while it reads the inputs: the device's primary context and
-// cuBLASLt's setup for each kind of product a run with `products` operands makes (each
-// kind's first algorithm query took 4-110 ms; 0.10-0.13 s of bert-large's first step). The
-// next make_cuda_backend for `device` takes the handle. Best effort: a failing call ends
-// it, and make_cuda_backend, which makes the same calls, reports the error.
-void prepare_cuda(int device, DType products, bool tf32);
+// that `hone train`, `predict` and `serve` can do it while they read their inputs: the
+// device's primary context and cuBLASLt's setup for each kind of product that `work` makes
+// with `products` operands (each kind's first algorithm query took 4-110 ms; 0.10-0.13 s of
+// bert-large's first training step). The next make_cuda_backend for `device` takes the
+// handle. Best effort: a failing call ends it, and make_cuda_backend, which makes the same
+// calls, reports the error.
+void prepare_cuda(int device, DType products, bool tf32, PreparedWork work);
 
 }  // namespace hone

@@ -155,6 +155,11 @@ class TrainingRun {
   void micro_step(const Batch& b, float grad_scale, uint64_t dropout_step);
   // Inference on a collated batch (dropout off, no gradients).
   void infer(const Batch& b, const ForwardOutputs& out);
+  // Inference once at each count of tokens, up to a full inference batch of the longest
+  // sequences, at which the backend times its products' algorithms (Backend::
+  // timed_row_counts): a server's first requests then wait for none of it. Returns those
+  // counts; none on the CPU.
+  std::vector<int64_t> warm_up_inference();
   // Clip, the optimizer's update at this learning rate (update number `step`, 1-based,
   // counting applied updates only), zero gradients. Under fp16 a step whose gradients overflow is skipped
   // on the device, and the loss scale backs off.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <optional>
 
 #include "cli/commands.h"
@@ -20,7 +21,10 @@
 namespace hone::cli {
 
 int predict_command(const TrainingArguments& a) {
+  // The CUDA context and cuBLASLt's setup while the test file is read and tokenized.
+  std::future<void> prepared = prepare_gpu(a, 0, PreparedWork::Inference);
   RunInputs in = prepare_inputs(a, false, false, true);
+  if (prepared.valid()) prepared.get();
   const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> be = make_backend(a);
   TrainingRun run(a, cfg, in.seq_len, *be, GradientMemory::Persistent,

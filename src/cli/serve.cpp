@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -57,7 +59,9 @@ void answer_error(httplib::Response& res, int status, const std::string& message
 }  // namespace
 
 int serve_command(const TrainingArguments& a, const ServeOptions& o) {
+  std::future<void> prepared = prepare_gpu(a, 0, PreparedWork::Inference);
   RunInputs in = prepare_model(a);
+  if (prepared.valid()) prepared.get();
   const ModelConfig& cfg = in.model.config;
   std::unique_ptr<Backend> be = make_backend(a);
   const int max_batch = a.per_device_eval_batch_size;
@@ -71,6 +75,12 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
            r.initialized.size(), r.initialized.front());
     run.write_weights(host.data());
   }
+  // As text-embeddings-inference warms its model before it listens: the first requests would
+  // otherwise pay for choosing the products' algorithms (bert-large bf16: tens of ms a size).
+  const auto warm_start = std::chrono::steady_clock::now();
+  if (const std::vector<int64_t> counts = run.warm_up_inference(); !counts.empty())
+    fmt::print("warmed up: {} batches of {} to {} tokens in {:.2f} s\n", counts.size(), counts.front(), counts.back(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count());
   const int C = cfg.num_labels, seq_len = in.seq_len;
   const std::vector<std::string> labels =
       in.labels.regression ? std::vector<std::string>{cfg.id2label.empty() ? "LABEL_0" : cfg.id2label[0]}

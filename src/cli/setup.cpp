@@ -12,6 +12,15 @@
 
 namespace hone::cli {
 
+bool wants_gpu(const TrainingArguments& a) {
+  return a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
+}
+
+std::future<void> prepare_gpu(const TrainingArguments& a, int device, PreparedWork work) {
+  if (!wants_gpu(a)) return {};
+  return std::async(std::launch::async, prepare_cuda, device, compute_dtype(a), a.tf32, work);
+}
+
 std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only, int device) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   std::string why;

@@ -1,11 +1,13 @@
 #pragma once
 // What `train`, `estimate` and `predict` share: the model, the backend, and for text
 // data the tokenizer, the label set (written into config.json) and the datasets.
+#include <future>
 #include <memory>
 #include <string>
 
 #include "hone/args.h"
 #include "hone/backend.h"
+#include "hone/cuda.h"
 #include "hone/data.h"
 #include "hone/tokenizer.h"
 #include "hone/weights.h"
@@ -16,6 +18,12 @@ namespace hone::cli {
 // backend only plans (hone estimate).
 // device: the GPU's index (a rank's local rank).
 std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only = false, int device = 0);
+// Whether make_backend will take a GPU.
+bool wants_gpu(const TrainingArguments& a);
+// When make_backend will take GPU `device`: prepare_cuda (hone/cuda.h) on another thread,
+// which the caller waits for (get) before make_backend, having read its inputs meanwhile.
+// Otherwise a future without a state.
+std::future<void> prepare_gpu(const TrainingArguments& a, int device, PreparedWork work);
 
 // "fp32", "tf32", "bf16" or "fp16": what the matrix products run in (peak_flops' names).
 std::string precision_name(const TrainingArguments& a);

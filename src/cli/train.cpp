@@ -133,15 +133,12 @@ int train_command(const TrainingArguments& requested) {
   const bool main_process = pg.rank == 0;
   if (!main_process && !std::freopen("/dev/null", "w", stdout)) fail("rank {}: cannot quiet stdout", pg.rank);
   const int gpu = pg.local_rank;
-  const bool want_gpu = a.device == "cuda" || (a.device == "auto" && cuda_available(nullptr));
-  std::optional<GpuMemory> at_start = want_gpu ? gpu_memory(gpu) : std::nullopt;
+  std::optional<GpuMemory> at_start = wants_gpu(a) ? gpu_memory(gpu) : std::nullopt;
   if (at_start) fmt::print("GPU memory occupied: {} MB. (start)\n", at_start->used >> 20);
   const bool evaluates = a.do_eval || a.eval_strategy != "no";
   // The CUDA context and cuBLASLt's setup on another thread while the inputs are read:
   // otherwise the first step waits for the latter (0.10-0.13 s of bert-large's).
-  std::future<void> prepared;
-  if (want_gpu)
-    prepared = std::async(std::launch::async, prepare_cuda, gpu, compute_dtype(a), a.tf32);
+  std::future<void> prepared = prepare_gpu(a, gpu, PreparedWork::Training);
   RunInputs in = prepare_inputs(a, true, evaluates, false);
   timeline.mark("inputs");
   if (prepared.valid()) prepared.get();

@@ -69,6 +69,9 @@ class CudaBackend final : public Backend {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y) override;
   void linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) override;
   int linear_splits(int64_t m, int64_t n, int64_t k, DType t) const override;
+  std::vector<int64_t> timed_row_counts(int64_t max_rows, int64_t n, int64_t k, DType t) const override;
+  // The groups of product shapes whose algorithm was chosen by timing so far.
+  size_t timed_product_groups() const { return lt_timed_.size(); }
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, bool accumulate_dx, Tensor& dw,
                        Tensor* db) override;
   void linear_activation_forward(Activation a, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& pre,

@@ -46,6 +46,11 @@ int64_t shape_bucket(int64_t x) {
   return (x + step - 1) / step * step;
 }
 
+// lt_matmul times the heuristic's first candidates for half-precision products that
+// overwrite D and make at least kTunedMinMacs multiply-adds.
+constexpr int kCandidates = 6;
+constexpr double kTunedMinMacs = 1 << 30;
+
 // db[c] += sum over rows of dy[r, c], in the layout of cuda::column_sum_blocks. W is 1 or
 // kVec<T> (one 16-byte load).
 template <typename T, int W>
@@ -188,8 +193,6 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   // reference path stays the same from run to run. So do products under a billion
   // multiply-adds, which take microseconds whichever algorithm runs them: timing noise
   // would pick among algorithms that round differently, run to run.
-  constexpr int kCandidates = 6;
-  constexpr double kTunedMinMacs = 1 << 30;
   const bool tune = g.beta == 0.0f && g.ab_type != CUDA_R_32F &&
                     double(g.m) * double(g.n) * double(g.k) * double(g.batch) >= kTunedMinMacs;
   std::array<int64_t, kLtKey> bucket = key;
@@ -271,6 +274,17 @@ int CudaBackend::linear_splits(int64_t m, int64_t n, int64_t k, DType t) const {
   int splits = 1;
   while (2 * splits <= kMaxProductParts && tiles * 2 * splits <= sms_ && k % (2 * splits * 64) == 0) splits *= 2;
   return splits;
+}
+
+std::vector<int64_t> CudaBackend::timed_row_counts(int64_t max_rows, int64_t n, int64_t k, DType t) const {
+  std::vector<int64_t> counts;
+  if (t == DType::F32) return counts;
+  // Each bucket's largest count, or max_rows in the last: timed if any count of it is.
+  for (int64_t m = 1; m <= max_rows; m = shape_bucket(m) + 1) {
+    const int64_t last = std::min(shape_bucket(m), max_rows);
+    if (double(last) * double(n) * double(k) >= kTunedMinMacs) counts.push_back(last);
+  }
+  return counts;
 }
 
 void CudaBackend::linear_split_forward(const Tensor& x, const Tensor& w, Tensor& parts) {

@@ -1,5 +1,5 @@
-// prepare_cuda (hone/cuda.h): what the first training step would otherwise wait for, done
-// on another thread while the inputs are read.
+// prepare_cuda (hone/cuda.h): what the first training step or inference batch would otherwise
+// wait for, done on another thread while the inputs are read.
 //
 // Measured at bert-large's seed run (bf16, batch 4, H200, 2026-11-29): the first step took
 // 240-275 ms on the host against 14 for the others. Of that, cuBLASLt's first algorithm
@@ -13,9 +13,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <iterator>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/warm_start.h"
@@ -51,7 +51,7 @@ bool query(cublasLtHandle_t lt, const CudaBackend::LtGemm& g, bool tf32) {
 
 }  // namespace
 
-void prepare_cuda(int device, DType products, bool tf32) {
+void prepare_cuda(int device, DType products, bool tf32, PreparedWork work) {
   // Errors end the preparation quietly: make_cuda_backend repeats each of these steps
   // and names what failed.
   if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {  // the primary context
@@ -61,34 +61,47 @@ void prepare_cuda(int device, DType products, bool tf32) {
   cublasLtHandle_t lt = nullptr;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return;
   const cudaDataType_t half = products == DType::BF16 ? CUDA_R_16BF : products == DType::F16 ? CUDA_R_16F : CUDA_R_32F;
-  // The kinds of CudaBackend's products, as linear.cu's linear_forward, linear_backward and
-  // bias_backward describe y = x w^T over `tokens` rows: forward with and without a bias,
-  // the input gradient, the weight gradient into F32, the bias gradient as a product with a
-  // vector of ones. Each at a layer's size and at a classifier's: the first product of a kind
-  // paid as much whatever its size, but a second query is cheap.
+  // The kinds of CudaBackend's products, as linear.cu's linear_forward, linear_backward,
+  // bias_backward and linear_split_forward describe y = x w^T over `tokens` rows: forward
+  // with and without a bias; for training the input gradient, the weight gradient into F32
+  // and the bias gradient as a product with a vector of ones; for half-precision inference
+  // the forward split into parts of k, each into F32 (small batches). Each at a layer's size
+  // and at a classifier's: the first product of a kind paid as much whatever its size, but
+  // a second query is cheap.
+  using LtGemm = CudaBackend::LtGemm;
+  std::vector<LtGemm> kinds;
+  auto add = [&](LtGemm g, bool into_f32) {
+    g.ab_type = half;
+    g.d_type = into_f32 ? CUDA_R_32F : half;
+    kinds.push_back(g);
+  };
   struct Linear {
     int64_t tokens, in, out;
   };
   for (const Linear l : {Linear{2048, 1024, 1024}, Linear{4, 1024, 2}}) {
-    using LtGemm = CudaBackend::LtGemm;
-    LtGemm kinds[] = {
-        {CUBLAS_OP_T, CUBLAS_OP_N, l.out, l.tokens, l.in, nullptr, l.in, nullptr, l.in, nullptr, l.out, 0.0f,
+    add({CUBLAS_OP_T, CUBLAS_OP_N, l.out, l.tokens, l.in, nullptr, l.in, nullptr, l.in, nullptr, l.out, 0.0f,
          &described_bias},
-        {CUBLAS_OP_T, CUBLAS_OP_N, l.out, l.tokens, l.in, nullptr, l.in, nullptr, l.in, nullptr, l.out, 0.0f},
-        {CUBLAS_OP_N, CUBLAS_OP_N, l.in, l.tokens, l.out, nullptr, l.in, nullptr, l.out, nullptr, l.in, 0.0f},
-        {CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, l.tokens, nullptr, l.in, nullptr, l.out, nullptr, l.in, 1.0f},
-        {CUBLAS_OP_N, CUBLAS_OP_N, l.out, 1, l.tokens, nullptr, l.out, nullptr, l.tokens, nullptr, l.out, 1.0f},
-    };
-    for (size_t i = 0; i < std::size(kinds); ++i) {
-      LtGemm& g = kinds[i];
-      g.ab_type = half;
-      g.d_type = i < 3 ? half : CUDA_R_32F;  // the gradients of the weights and biases are F32
-      if (!query(lt, g, tf32)) {
-        cublasLtDestroy(lt);
-        return;
-      }
-    }
+        false);
+    add({CUBLAS_OP_T, CUBLAS_OP_N, l.out, l.tokens, l.in, nullptr, l.in, nullptr, l.in, nullptr, l.out, 0.0f}, false);
+    if (work != PreparedWork::Training) continue;
+    add({CUBLAS_OP_N, CUBLAS_OP_N, l.in, l.tokens, l.out, nullptr, l.in, nullptr, l.out, nullptr, l.in, 0.0f}, false);
+    add({CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, l.tokens, nullptr, l.in, nullptr, l.out, nullptr, l.in, 1.0f}, true);
+    add({CUBLAS_OP_N, CUBLAS_OP_N, l.out, 1, l.tokens, nullptr, l.out, nullptr, l.tokens, nullptr, l.out, 1.0f}, true);
   }
+  if (work == PreparedWork::Inference && half != CUDA_R_32F) {  // a down projection of 128 rows in 4 parts
+    constexpr int64_t rows = 128, in = 4096, out = 1024, parts = 4;
+    LtGemm g{CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in / parts, nullptr, in, nullptr, in, nullptr, out, 0.0f};
+    g.batch = int(parts);
+    g.stride_a = g.stride_b = in / parts;
+    g.stride_d = rows * out;
+    g.whole_k = true;
+    add(g, true);
+  }
+  for (const LtGemm& g : kinds)
+    if (!query(lt, g, tf32)) {
+      cublasLtDestroy(lt);
+      return;
+    }
   const std::lock_guard lock(prepared_mutex);
   if (prepared_lt) cublasLtDestroy(prepared_lt);
   prepared_lt = lt;

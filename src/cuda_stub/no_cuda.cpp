@@ -18,7 +18,7 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaOptions&) {
   fail("{}", why);
 }
 
-void prepare_cuda(int, DType, bool) {}
+void prepare_cuda(int, DType, bool, PreparedWork) {}
 
 std::optional<GpuMemory> gpu_memory(int) { return std::nullopt; }
 

@@ -493,6 +493,34 @@ void TrainingRun::infer(const Batch& b, const ForwardOutputs& out) {
   run_infer(*mem_, b.ids, b.mask, b.types, b.rows, b.seq, out);
 }
 
+std::vector<int64_t> TrainingRun::warm_up_inference() {
+  const ModelConfig& c = model_->config();
+  // The widest of a layer's products: the others' counts fall in the same groups or later.
+  const std::vector<int64_t> counts = be_.timed_row_counts(int64_t(phases_.infer_batch) * seq_, c.intermediate_size,
+                                                           c.hidden_size, model_->compute_dtype());
+  const int32_t token = c.pad_token_id == 0 ? 1 : 0;  // any token but padding
+  std::vector<int32_t> ids, mask, types;
+  std::vector<float> logits;
+  for (const int64_t tokens : counts) {
+    // Rows of seq_ attended tokens, the last one shorter where the count says so.
+    const int rows = int((tokens + seq_ - 1) / seq_);
+    const size_t n = size_t(rows) * size_t(seq_);
+    ids.assign(n, token);
+    types.assign(n, 0);
+    mask.assign(n, 0);
+    std::fill_n(mask.begin(), tokens, 1);
+    logits.resize(size_t(rows) * size_t(c.num_labels));
+    Batch b;
+    b.rows = rows;
+    b.seq = seq_;
+    b.ids = ids.data();
+    b.mask = mask.data();
+    b.types = types.data();
+    infer(b, ForwardOutputs{logits.data()});
+  }
+  return counts;
+}
+
 BatchTensors TrainingRun::take_batch(BufferSource& mem, bool with_labels, int batch, int seq) {
   const int64_t T = int64_t(batch) * seq;
   BatchTensors b;

@@ -1,19 +1,25 @@
 // prepare_cuda (hone/cuda.h) on a real GPU: the cuBLASLt handle it readies goes to the next
 // backend of its device, once, and that backend's products are bit for bit those of a
 // backend made without it (but for F32's bias gradient, whose sums are added atomically);
-// without a GPU it ends quietly.
+// without a GPU it ends quietly. And TrainingRun::warm_up_inference: after it, no batch a
+// server runs times its products.
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/warm_start.h"
 #include "device_tensor.h"
+#include "gpu/small_bert.h"
 #include "hone/cuda.h"
 #include "hone/error.h"
+#include "hone/trainer.h"
+#include "hone/weights.h"
 #include "test_util.h"
 
 namespace hone {
@@ -31,49 +37,101 @@ class WarmStart : public ::testing::Test {
 };
 
 TEST_F(WarmStart, ThePreparedHandleGoesOnceToItsDevice) {
-  prepare_cuda(0, DType::BF16, false);
-  EXPECT_EQ(cuda::take_prepared_lt(1), nullptr);  // prepared for device 0 only
-  cublasLtHandle_t lt = cuda::take_prepared_lt(0);
-  ASSERT_NE(lt, nullptr);
-  EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);  // taken
-  EXPECT_EQ(cublasLtDestroy(lt), CUBLAS_STATUS_SUCCESS);
+  for (const PreparedWork work : {PreparedWork::Training, PreparedWork::Inference}) {
+    prepare_cuda(0, DType::BF16, false, work);
+    EXPECT_EQ(cuda::take_prepared_lt(1), nullptr);  // prepared for device 0 only
+    cublasLtHandle_t lt = cuda::take_prepared_lt(0);
+    ASSERT_NE(lt, nullptr);
+    EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);  // taken
+    EXPECT_EQ(cublasLtDestroy(lt), CUBLAS_STATUS_SUCCESS);
+  }
 }
 
 TEST_F(WarmStart, ABackendAfterPreparationComputesTheSameProducts) {
   constexpr int M = 64, K = 256, N = 128;
   const HostTensor x = test::random({M, K}, 1), w = test::random({N, K}, 2), b = test::random({N}, 3),
                    dy = test::random({M, N}, 4);
+  constexpr int kParts = 2;
   for (const DType t : {DType::BF16, DType::F16, DType::F32}) {
-    // y = x w^T + b, then dx, dw and db, on a fresh backend.
-    auto products = [&](bool prepared) {
-      if (prepared) prepare_cuda(0, t, false);
+    // y = x w^T + b, then dx, dw and db, and y's parts over halves of k, on a fresh backend.
+    auto products = [&](bool prepared, PreparedWork work) {
+      if (prepared) prepare_cuda(0, t, false, work);
       std::unique_ptr<Backend> g = make_cuda_backend({});
       std::vector<std::vector<float>> out;
       {
         DeviceTensor gx(*g, t, x), gw(*g, t, w), gb(*g, t, b), gdy(*g, t, dy);
-        DeviceTensor gy(*g, t, Shape{M, N}), gdx(*g, t, Shape{M, K});
+        DeviceTensor gy(*g, t, Shape{M, N}), gdx(*g, t, Shape{M, K}), gparts(*g, DType::F32, Shape{kParts, M, N});
         DeviceTensor gdw(*g, DType::F32, test::filled({N, K}, 0)), gdb(*g, DType::F32, test::filled({N}, 0));
         g->linear_forward(gx.t, gw.t, &gb.t, gy.t);
         g->linear_backward(gdy.t, gx.t, gw.t, &gdx.t, false, gdw.t, &gdb.t);
-        for (const DeviceTensor* d : {&gy, &gdx, &gdw, &gdb}) out.push_back(d->download());
+        g->linear_split_forward(gx.t, gw.t, gparts.t);
+        for (const DeviceTensor* d : {&gy, &gdx, &gdw, &gdb, &gparts}) out.push_back(d->download());
       }
       return out;
     };
-    const std::vector<std::vector<float>> plain = products(false), prepared = products(true);
-    const char* names[] = {"y", "dx", "dw", "db"};
-    for (size_t i = 0; i < plain.size(); ++i) {
-      // F32's bias gradient is a column-sum kernel whose blocks add their bands atomically,
-      // in an order that varies from run to run (the two backends' sums differed on an H200).
-      if (t == DType::F32 && std::string(names[i]) == "db") {
-        ASSERT_EQ(plain[i].size(), prepared[i].size());
-        for (size_t j = 0; j < plain[i].size(); ++j)
-          EXPECT_NEAR(plain[i][j], prepared[i][j], 1e-6 * (1 + std::fabs(plain[i][j]))) << "db[" << j << "] in F32";
-        continue;
+    const std::vector<std::vector<float>> plain = products(false, PreparedWork::Training);
+    for (const PreparedWork work : {PreparedWork::Training, PreparedWork::Inference}) {
+      const std::vector<std::vector<float>> prepared = products(true, work);
+      const char* names[] = {"y", "dx", "dw", "db", "parts"};
+      for (size_t i = 0; i < plain.size(); ++i) {
+        // F32's bias gradient is a column-sum kernel whose blocks add their bands atomically,
+        // in an order that varies from run to run (the two backends' sums differed on an H200).
+        if (t == DType::F32 && std::string(names[i]) == "db") {
+          ASSERT_EQ(plain[i].size(), prepared[i].size());
+          for (size_t j = 0; j < plain[i].size(); ++j)
+            EXPECT_NEAR(plain[i][j], prepared[i][j], 1e-6 * (1 + std::fabs(plain[i][j]))) << "db[" << j << "] in F32";
+          continue;
+        }
+        EXPECT_EQ(plain[i], prepared[i])
+            << names[i] << " in " << dtype_name(t) << ", prepared for "
+            << (work == PreparedWork::Training ? "training" : "inference");
       }
-      EXPECT_EQ(plain[i], prepared[i]) << names[i] << " in " << dtype_name(t);
     }
   }
   EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);  // each backend took its handle
+}
+
+// A server's batches after the warm-up: right-padded rows of any lengths, packed, find each
+// product's algorithm chosen (timing candidates would hold up a request for milliseconds).
+TEST_F(WarmStart, AfterTheWarmUpNoInferenceBatchTimesItsProducts) {
+  std::string why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  ModelConfig c = test::small_bert();
+  c.hidden_size = 1024;  // bert-large's layer: its up projection is timed from 256 rows
+  c.intermediate_size = 4096;
+  c.num_attention_heads = 16;
+  c.num_hidden_layers = 1;
+  c.max_position_embeddings = 128;
+  constexpr int kSeq = 128, kBatch = 8;
+  std::unique_ptr<Backend> be = make_cuda_backend({});
+  const auto& cuda = dynamic_cast<const CudaBackend&>(*be);
+  TrainingArguments a;
+  a.bf16 = true;
+  TrainingRun run(a, c, kSeq, *be, GradientMemory::Persistent, RunPhases{false, kBatch});
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 1);
+  run.write_weights(w.data());
+  // The quarter-octave groups from 256 rows (4096 x 1024 x 256 multiply-adds: 2^30) to 1024.
+  EXPECT_EQ(run.warm_up_inference(), (std::vector<int64_t>{256, 320, 384, 448, 512, 640, 768, 896, 1024}));
+  const size_t timed = cuda.timed_product_groups();
+  EXPECT_GT(timed, 0u);
+  std::mt19937 g(5);
+  std::uniform_int_distribution<int> rows(1, kBatch), length(1, kSeq);
+  for (int i = 0; i < 40; ++i) {
+    const int n = rows(g);
+    std::vector<int32_t> ids(size_t(n) * kSeq, 0), mask(ids.size(), 0), types(ids.size(), 0);
+    for (int r = 0; r < n; ++r) {
+      const int len = length(g);
+      for (int t = 0; t < len; ++t) {
+        ids[size_t(r) * kSeq + size_t(t)] = 5 + (r * 31 + t * 7) % 500;
+        mask[size_t(r) * kSeq + size_t(t)] = 1;
+      }
+    }
+    std::vector<float> logits(size_t(n) * size_t(c.num_labels));
+    run.infer(Batch{n, kSeq, ids.data(), mask.data(), types.data(), nullptr, {}}, ForwardOutputs{logits.data()});
+  }
+  EXPECT_EQ(cuda.timed_product_groups(), timed) << "a batch after the warm-up timed a product";
 }
 
 // Without a usable GPU (CI's machines), the preparation is best effort: it ends quietly,
@@ -81,7 +139,7 @@ TEST_F(WarmStart, ABackendAfterPreparationComputesTheSameProducts) {
 TEST(WarmStartWithoutGpu, EndsQuietlyAndLeavesTheErrorToTheBackend) {
   std::string why;
   if (cuda_available(&why)) GTEST_SKIP() << "a GPU is usable here: the case needs a machine without one";
-  EXPECT_NO_THROW(prepare_cuda(0, DType::BF16, false));
+  EXPECT_NO_THROW(prepare_cuda(0, DType::BF16, false, PreparedWork::Training));
   EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);
   try {
     make_cuda_backend({});
