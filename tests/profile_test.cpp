@@ -92,6 +92,57 @@ TEST(OpProfile, ProductsAndAttentionCountTheModelsFlops) {
   EXPECT_NEAR(flops / kSteps, model, 1e-9 * model);
 }
 
+// Right-padded rows run packed (training and inference): the products and attention count
+// the attended tokens' work, each sequence's attention at its own length.
+TEST(OpProfile, PackedBatchesCountTheAttendedTokensFlops) {
+  CpuBackend be;
+  TrainingArguments args;
+  args.per_device_train_batch_size = kBatch;
+  args.cuda_graphs = false;
+  TrainingRun run(args, tiny_config(), kSeq, be, GradientMemory::Persistent, RunPhases{true, kBatch});
+  run.init_weights(1);
+  const int lengths[kBatch] = {16, 3, 9, 1};
+  std::vector<int32_t> ids(kBatch * kSeq, 0), types(ids.size(), 0), mask(ids.size(), 0);
+  for (int b = 0; b < kBatch; ++b)
+    for (int t = 0; t < lengths[b]; ++t) {
+      ids[size_t(b * kSeq + t)] = 1000 + 7 * t + b;
+      mask[size_t(b * kSeq + t)] = 1;
+    }
+  std::vector<float> labels(kBatch, 0.0f), logits(kBatch * 2);
+  auto flops_of = [&](const Profile& p, const char* packed_op) {
+    double flops = 0;
+    bool packed = false;
+    for (const TimedOp& op : p.ops) {
+      if (op.cls == OpClass::Contraction || op.cls == OpClass::Attention) flops += op.cost.flops;
+      if (std::strcmp(op.name, packed_op) == 0) {
+        packed = true;
+        EXPECT_GT(op.cost.flops, 0) << op.name;
+      }
+    }
+    EXPECT_TRUE(packed) << "no " << packed_op;
+    return flops;
+  };
+  OpProfiler profiler(be);
+  profiler.start();
+  run.micro_step(ids.data(), mask.data(), types.data(), labels.data(), kBatch, 1.0f, 1);
+  const double model = run.model().training_flops(mask.data(), kBatch, kSeq);
+  EXPECT_NEAR(flops_of(profiler.finish(), "attention_backward_packed"), model, 1e-9 * model);
+
+  // Inference: the attention of every layer but the last, whose reader takes only the first
+  // query's row.
+  profiler.start();
+  run.infer(Batch{kBatch, kSeq, ids.data(), mask.data(), types.data(), nullptr, {}}, ForwardOutputs{logits.data()});
+  const Profile p = profiler.finish();
+  double attention = 0;
+  for (const TimedOp& op : p.ops)
+    if (std::strcmp(op.name, "attention_forward_packed") == 0) attention += op.cost.flops;
+  const ModelConfig c = tiny_config();
+  double pairs = 0, first_rows = 0;  // the last layer's attention: the first query of each
+  for (int n : lengths) pairs += double(n) * n, first_rows += n;
+  EXPECT_DOUBLE_EQ(attention, 4.0 * c.hidden_size * ((c.num_hidden_layers - 1) * pairs + first_rows));
+  EXPECT_GT(flops_of(p, "attention_forward_packed"), attention);
+}
+
 TEST(OpProfile, EachOpIsInThePhaseThatRanIt) {
   std::set<std::string> seen;
   for (const TimedOp& op : profiled().profile.ops) {

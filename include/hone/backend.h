@@ -54,6 +54,9 @@ struct AttentionDims {
   // Inference that reads only each sequence's first row of the context (the last layer
   // before a first-token head): a backend may leave the other rows unwritten.
   bool first_rows_only = false;
+  // Packed attention: row_start's values on the host ([batch + 1]) where the caller has
+  // them, for counting the work (hone profile); backends read row_start itself.
+  const int32_t* host_row_start = nullptr;
   int hidden() const { return heads * head_dim; }
 };
 

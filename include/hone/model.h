@@ -78,6 +78,7 @@ struct BatchTensors {
   // may pack every row of a batch (tokens = batch * seq) whose mask it cannot pack.
   int64_t tokens = 0;
   Tensor packed_rows, row_start;
+  const int32_t* host_row_start = nullptr;  // row_start's values on the host, for counting work
 };
 
 // Counter-based dropout state of one micro-step: every call site derives its stream

@@ -67,19 +67,27 @@ void check_attention(const char* op, Backend& be, const AttentionDims& d, const 
 }
 
 // Q K^T and P V over every (batch, head): 2 * 2 * head_dim per (query, key) pair that
-// has weight, S * S of them without a window; only the first query's with first_rows_only
-// (the work its reader needs, whether or not the backend leaves the rest out).
+// has weight, S * S of them in a sequence of S without a window; only the first query's
+// with first_rows_only (the work its reader needs, whether or not the backend leaves the
+// rest out). Packed, each sequence at its own length, where the host's row starts are known.
 double attention_flops(const AttentionDims& d) {
-  const int queries = d.first_rows_only ? 1 : d.seq;
-  double pairs = double(queries) * d.seq;
-  if (d.window >= 0 && d.window < d.seq) {
-    pairs = 0;
+  auto sequence_pairs = [&](int n) {
+    const int queries = d.first_rows_only ? std::min(n, 1) : n;
+    if (d.window < 0 || d.window >= n) return double(queries) * n;
+    double pairs = 0;
     for (int i = 0; i < queries; ++i) {
-      const auto [lo, hi] = window_keys(d.window, i, d.seq);
+      const auto [lo, hi] = window_keys(d.window, i, n);
       pairs += hi - lo;
     }
+    return pairs;
+  };
+  double pairs = 0;
+  if (d.host_row_start) {
+    for (int b = 0; b < d.batch; ++b) pairs += sequence_pairs(d.host_row_start[b + 1] - d.host_row_start[b]);
+  } else {
+    pairs = d.batch * sequence_pairs(d.seq);
   }
-  return 4.0 * d.batch * d.heads * pairs * d.head_dim;
+  return 4.0 * d.heads * pairs * d.head_dim;
 }
 
 double keep_bytes(const Backend& be, const AttentionDims& d, DType t, const DropoutSpec& drop, const Tensor& keep) {
@@ -152,8 +160,12 @@ void check_packed(const char* op, Backend& be, const AttentionDims& d, const Dro
 
 }  // namespace
 
-// The work of the packed ops depends on the lengths, which live in the backend's memory:
-// their scopes count bytes only.
+// The work of the packed ops depends on the lengths: counted from the host's copy of the
+// row starts where the caller passed it (d.host_row_start), else not at all (bytes only).
+namespace {
+double packed_flops(const AttentionDims& d) { return d.host_row_start ? attention_flops(d) : 0.0; }
+}  // namespace
+
 void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_start, const AttentionDims& d,
                               const DropoutSpec& drop, Tensor& stats, Tensor& keep, Tensor& ctx, Tensor& workspace) {
   const char* op = "attention_forward_packed";
@@ -161,7 +173,7 @@ void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_
   detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
   if (be.dry_run) return;
   detail::OpScope scope(be, op, OpClass::Attention,
-                        {0, detail::bytes(qkv, row_start, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)});
+                        {packed_flops(d), detail::bytes(qkv, row_start, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)});
   be.attention_forward_packed(qkv, row_start, d, drop, stats, keep, ctx, workspace);
 }
 
@@ -172,7 +184,7 @@ void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_
   check_packed(op, be, d, {}, qkv, row_start, none, none, workspace, false);
   detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
   if (be.dry_run) return;
-  detail::OpScope scope(be, op, OpClass::Attention, {0, detail::bytes(qkv, row_start, ctx)});
+  detail::OpScope scope(be, op, OpClass::Attention, {packed_flops(d), detail::bytes(qkv, row_start, ctx)});
   be.attention_forward_packed(qkv, row_start, d, {}, none, none, ctx, workspace);
 }
 
@@ -187,8 +199,8 @@ void attention_backward_packed(Backend& be, const Tensor& dctx, const Tensor& qk
   detail::expect(op, "dqkv", dqkv, qkv.dtype, {T, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
   detail::OpScope scope(be, op, OpClass::Attention,
-                        {0, detail::bytes(dctx, qkv, ctx, row_start, stats, dqkv) +
-                                keep_bytes(be, d, qkv.dtype, drop, keep)});
+                        {2 * packed_flops(d), detail::bytes(dctx, qkv, ctx, row_start, stats, dqkv) +
+                                                  keep_bytes(be, d, qkv.dtype, drop, keep)});
   be.attention_backward_packed(dctx, qkv, ctx, row_start, stats, keep, d, drop, dqkv, workspace);
 }
 

@@ -642,6 +642,7 @@ void TrainingRun::run_micro_step(BufferSource& mem, const int32_t* ids, const in
     b.packed_rows = mem.take(Category::Activations, "packed_rows", -1, DType::I32, {b.tokens});
     b.row_start = mem.take(Category::Activations, "row_start", -1, DType::I32, {batch + 1});
     if (!be_.dry_run) {
+      b.host_row_start = row_start_;
       ops::copy(be_, host_tensor(packed_rows_, DType::I32, {b.tokens}), b.packed_rows);
       ops::copy(be_, host_tensor(row_start_, DType::I32, {batch + 1}), b.row_start);
     }
@@ -748,6 +749,7 @@ void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int3
   if (!be_.dry_run) {
     upload(ids, mask, types, b);
     if (packed) {
+      b.host_row_start = row_start_;
       ops::copy(be_, host_tensor(packed_rows_, DType::I32, {tokens}), b.packed_rows);
       ops::copy(be_, host_tensor(row_start_, DType::I32, {batch + 1}), b.row_start);
     }
