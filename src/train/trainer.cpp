@@ -7,6 +7,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/dtype.h"
+#include "hone/family.h"
 #include "hone/ops.h"
 #include "hone/schedule.h"
 #include "hone/weights.h"
@@ -495,9 +496,11 @@ void TrainingRun::infer(const Batch& b, const ForwardOutputs& out) {
 
 std::vector<int64_t> TrainingRun::warm_up_inference() {
   const ModelConfig& c = model_->config();
-  // The widest of a layer's products: the others' counts fall in the same groups or later.
-  const std::vector<int64_t> counts = be_.timed_row_counts(int64_t(phases_.infer_batch) * seq_, c.intermediate_size,
-                                                           c.hidden_size, model_->compute_dtype());
+  // The widest of a layer's products (the up projection, [2I, H] in a gated one): the
+  // others are timed from as many rows or more.
+  const int64_t up_rows = int64_t(c.intermediate_size) * (c.family().gated_ffn ? 2 : 1);
+  const std::vector<int64_t> counts =
+      be_.timed_row_counts(int64_t(phases_.infer_batch) * seq_, up_rows, c.hidden_size, model_->compute_dtype());
   const int32_t token = c.pad_token_id == 0 ? 1 : 0;  // any token but padding
   std::vector<int32_t> ids, mask, types;
   std::vector<float> logits;
