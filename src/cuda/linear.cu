@@ -46,10 +46,10 @@ int64_t shape_bucket(int64_t x) {
   return (x + step - 1) / step * step;
 }
 
-// lt_matmul times the heuristic's first candidates for half-precision products that
-// overwrite D and make at least kTunedMinMacs multiply-adds.
+// lt_matmul times the heuristic's first kCandidates for half-precision products (that
+// overwrite D) of at least 2^30 multiply-adds; timed_row_counts names the sizes it times.
 constexpr int kCandidates = 6;
-constexpr double kTunedMinMacs = 1 << 30;
+bool times_candidates(bool half_operands, double macs) { return half_operands && macs >= double(1 << 30); }
 
 // db[c] += sum over rows of dy[r, c], in the layout of cuda::column_sum_blocks. W is 1 or
 // kVec<T> (one 16-byte load).
@@ -193,8 +193,8 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   // reference path stays the same from run to run. So do products under a billion
   // multiply-adds, which take microseconds whichever algorithm runs them: timing noise
   // would pick among algorithms that round differently, run to run.
-  const bool tune = g.beta == 0.0f && g.ab_type != CUDA_R_32F &&
-                    double(g.m) * double(g.n) * double(g.k) * double(g.batch) >= kTunedMinMacs;
+  const double macs = double(g.m) * double(g.n) * double(g.k) * double(g.batch);
+  const bool tune = g.beta == 0.0f && times_candidates(g.ab_type != CUDA_R_32F, macs);
   std::array<int64_t, kLtKey> bucket = key;
   for (size_t i = 0; i < 3; ++i) bucket[i] = shape_bucket(key[i]);
   // A shape in a bucket already timed takes that choice where cuBLASLt runs it for this
@@ -278,11 +278,10 @@ int CudaBackend::linear_splits(int64_t m, int64_t n, int64_t k, DType t) const {
 
 std::vector<int64_t> CudaBackend::timed_row_counts(int64_t max_rows, int64_t n, int64_t k, DType t) const {
   std::vector<int64_t> counts;
-  if (t == DType::F32) return counts;
   // Each bucket's largest count, or max_rows in the last: timed if any count of it is.
   for (int64_t m = 1; m <= max_rows; m = shape_bucket(m) + 1) {
     const int64_t last = std::min(shape_bucket(m), max_rows);
-    if (double(last) * double(n) * double(k) >= kTunedMinMacs) counts.push_back(last);
+    if (times_candidates(t != DType::F32, double(last) * double(n) * double(k))) counts.push_back(last);
   }
   return counts;
 }

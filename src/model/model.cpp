@@ -173,9 +173,12 @@ SequenceClassifier::Pass SequenceClassifier::pass(const BatchTensors& batch, con
   return {batch,
           drop,
           batch.tokens > 0 ? batch.tokens : int64_t(batch.batch) * batch.seq,
-          AttentionDims{batch.batch, batch.seq, cfg_.num_attention_heads, cfg_.head_dim(),
-                        1.0f / std::sqrt(float(cfg_.head_dim())), -1, false,
-                        batch.tokens > 0 ? batch.host_row_start : nullptr},
+          AttentionDims{.batch = batch.batch,
+                        .seq = batch.seq,
+                        .heads = cfg_.num_attention_heads,
+                        .head_dim = cfg_.head_dim(),
+                        .scale = 1.0f / std::sqrt(float(cfg_.head_dim())),
+                        .host_row_start = batch.tokens > 0 ? batch.host_row_start : nullptr},
           training && batch.tokens > 0};
 }
 

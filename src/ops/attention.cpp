@@ -105,8 +105,9 @@ void attention_forward(Backend& be, const Tensor& qkv, const Tensor& mask, const
   check_attention("attention_forward", be, d, drop, qkv, mask, stats, keep, workspace, false);
   detail::expect("attention_forward", "ctx", ctx, qkv.dtype, {int64_t(d.batch) * d.seq, d.hidden()});
   if (be.dry_run) return;
-  detail::OpScope scope(be, "attention_forward", OpClass::Attention,
-                        {attention_flops(d), detail::bytes(qkv, mask, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)});
+  detail::OpScope scope(be, "attention_forward", OpClass::Attention, [&] {
+    return OpCost{attention_flops(d), detail::bytes(qkv, mask, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)};
+  });
   be.attention_forward(qkv, mask, d, drop, stats, keep, ctx, workspace);
 }
 
@@ -120,9 +121,10 @@ void attention_backward(Backend& be, const Tensor& dctx, const Tensor& qkv, cons
   detail::expect("attention_backward", "dqkv", dqkv, qkv.dtype, {tokens, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
   // Twice the forward's products (dV, dP, dQ and dK); the recomputed scores are not counted.
-  detail::OpScope scope(be, "attention_backward", OpClass::Attention,
-                        {2 * attention_flops(d), detail::bytes(dctx, qkv, ctx, mask, stats, dqkv) +
-                                                     keep_bytes(be, d, qkv.dtype, drop, keep)});
+  detail::OpScope scope(be, "attention_backward", OpClass::Attention, [&] {
+    return OpCost{2 * attention_flops(d),
+                  detail::bytes(dctx, qkv, ctx, mask, stats, dqkv) + keep_bytes(be, d, qkv.dtype, drop, keep)};
+  });
   be.attention_backward(dctx, qkv, ctx, mask, stats, keep, d, drop, dqkv, workspace);
 }
 
@@ -162,6 +164,7 @@ void check_packed(const char* op, Backend& be, const AttentionDims& d, const Dro
 
 // The work of the packed ops depends on the lengths: counted from the host's copy of the
 // row starts where the caller passed it (d.host_row_start), else not at all (bytes only).
+// Like every attention op's cost, counted only while a profiler listens (a walk per call).
 namespace {
 double packed_flops(const AttentionDims& d) { return d.host_row_start ? attention_flops(d) : 0.0; }
 }  // namespace
@@ -172,8 +175,10 @@ void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_
   check_packed(op, be, d, drop, qkv, row_start, stats, keep, workspace, true);
   detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
   if (be.dry_run) return;
-  detail::OpScope scope(be, op, OpClass::Attention,
-                        {packed_flops(d), detail::bytes(qkv, row_start, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)});
+  detail::OpScope scope(be, op, OpClass::Attention, [&] {
+    return OpCost{packed_flops(d),
+                  detail::bytes(qkv, row_start, stats, ctx) + keep_bytes(be, d, qkv.dtype, drop, keep)};
+  });
   be.attention_forward_packed(qkv, row_start, d, drop, stats, keep, ctx, workspace);
 }
 
@@ -184,7 +189,8 @@ void attention_forward_packed(Backend& be, const Tensor& qkv, const Tensor& row_
   check_packed(op, be, d, {}, qkv, row_start, none, none, workspace, false);
   detail::expect(op, "ctx", ctx, qkv.dtype, {qkv.shape[0], d.hidden()});
   if (be.dry_run) return;
-  detail::OpScope scope(be, op, OpClass::Attention, {packed_flops(d), detail::bytes(qkv, row_start, ctx)});
+  detail::OpScope scope(be, op, OpClass::Attention,
+                        [&] { return OpCost{packed_flops(d), detail::bytes(qkv, row_start, ctx)}; });
   be.attention_forward_packed(qkv, row_start, d, {}, none, none, ctx, workspace);
 }
 
@@ -198,9 +204,10 @@ void attention_backward_packed(Backend& be, const Tensor& dctx, const Tensor& qk
   detail::expect(op, "ctx", ctx, qkv.dtype, {T, d.hidden()});
   detail::expect(op, "dqkv", dqkv, qkv.dtype, {T, 3 * int64_t(d.hidden())});
   if (be.dry_run) return;
-  detail::OpScope scope(be, op, OpClass::Attention,
-                        {2 * packed_flops(d), detail::bytes(dctx, qkv, ctx, row_start, stats, dqkv) +
-                                                  keep_bytes(be, d, qkv.dtype, drop, keep)});
+  detail::OpScope scope(be, op, OpClass::Attention, [&] {
+    return OpCost{2 * packed_flops(d),
+                  detail::bytes(dctx, qkv, ctx, row_start, stats, dqkv) + keep_bytes(be, d, qkv.dtype, drop, keep)};
+  });
   be.attention_backward_packed(dctx, qkv, ctx, row_start, stats, keep, d, drop, dqkv, workspace);
 }
 
