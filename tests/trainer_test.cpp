@@ -310,6 +310,57 @@ TEST(Inference, PackedBatchesGiveThePaddedLogits) {
   EXPECT_EQ(empty_default, empty_padded);
 }
 
+// validate_batch's vectorized pass says only whether a batch is bad; the loop that names the
+// element must still find it anywhere in the batch, and the run must take the next batch.
+TEST(Inference, BadBatchesNameTheirFirstBadElementAndLeaveTheRunUsable) {
+  CpuBackend be;
+  const ModelConfig c = small_config();
+  TrainingRun run(small_args(4), c, 16, be, GradientMemory::Persistent, RunPhases{true, 4});
+  init_weights(c, run.model().layout(), run.host_weights(), 5);
+  const Rows good(4, 16, 7);
+  const auto error_of = [&](const std::function<void(Rows&)>& spoil, bool train) {
+    Rows r = good;
+    spoil(r);
+    try {
+      std::vector<float> logits(8);
+      if (train) {
+        run.micro_step(r.ids.data(), r.mask.data(), r.types.data(), r.labels.data(), 4, 1.0f, 0);
+        run.optimizer_step(1e-3, 1);
+      } else {
+        run.infer(batch_of(r, 4, 16), ForwardOutputs{logits.data()});
+      }
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto expect_error = [&](const std::function<void(Rows&)>& spoil, const std::string& message) {
+    for (const bool train : {false, true}) {
+      const std::string e = error_of(spoil, train);
+      EXPECT_NE(e.find(message), std::string::npos) << (train ? "micro_step: " : "infer: ") << e;
+    }
+  };
+  expect_error([](Rows& r) { r.ids[3 * 16 + 9] = 30522; },
+               "batch row 3, position 9: token id 30522 is out of range for the model's vocab_size 30522");
+  expect_error([](Rows& r) { r.ids[17] = -1; }, "batch row 1, position 1: token id -1 is out of range");
+  expect_error([](Rows& r) { r.types[2 * 16 + 15] = 2; },
+               "batch row 2, position 15: token type 2 is out of range for type_vocab_size 2");
+  expect_error([](Rows& r) { r.types[0] = -7; }, "batch row 0, position 0: token type -7 is out of range");
+  expect_error([](Rows& r) { r.mask[16 + 14] = 2; }, "batch row 1, position 14: attention mask value 2 is not 0 or 1");
+  expect_error([](Rows& r) { r.mask[3 * 16 + 15] = -1; }, "batch row 3, position 15: attention mask value -1");
+  EXPECT_NE(error_of([](Rows& r) { r.labels[2] = 2.0f; }, true).find("batch row 2: label 2 is not a class id in [0, 2)"),
+            std::string::npos);
+  // Bad or not, elements are checked whatever their row: several at once name the first.
+  expect_error(
+      [](Rows& r) {
+        r.ids[40] = 99999;
+        r.mask[50] = 3;
+      },
+      "batch row 2, position 8: token id 99999");
+  EXPECT_EQ(error_of([](Rows&) {}, false), "");
+  EXPECT_EQ(error_of([](Rows&) {}, true), "");
+}
+
 TEST(Inference, ShorterPaddingGivesTheSameLogits) {
   CpuBackend be;
   const ModelConfig c = small_config();

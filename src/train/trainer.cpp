@@ -271,14 +271,39 @@ float* TrainingRun::host_weights() {
   return model_->weights().f32();
 }
 
+namespace {
+
+// Whether every id, token type and mask value lies in range, and (where asked) every row's
+// mask is right-padded: one pass of unsigned compares without a branch, which the compiler
+// vectorizes (bert-large's 64 x 512 batch: about 7 us against 36 for the loop that names the
+// bad element, which runs only when this says no).
+bool batch_in_range(const int32_t* ids, const int32_t* mask, const int32_t* types, int batch, int seq,
+                    const ModelConfig& c, bool right_padding_only) {
+  const size_t n = size_t(batch) * size_t(seq);
+  const uint32_t vocab = uint32_t(c.vocab_size), type_vocab = uint32_t(c.type_vocab_size);
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i)
+    bad |= uint32_t(uint32_t(ids[i]) >= vocab) | uint32_t(uint32_t(types[i]) >= type_vocab) |
+           uint32_t(uint32_t(mask[i]) > 1u);
+  if (right_padding_only)
+    for (int b = 0; b < batch; ++b) {
+      const int32_t* row = mask + size_t(b) * size_t(seq);
+      for (int t = 1; t < seq; ++t) bad |= uint32_t(row[t] > row[t - 1]);
+    }
+  return bad == 0;
+}
+
+}  // namespace
+
 // Checked on the host, before any backend sees the batch: kernels then trust their indices.
 void TrainingRun::validate_batch(const int32_t* ids, const int32_t* mask, const int32_t* types, const float* labels,
                                  int batch, int seq) const {
   const ModelConfig& c = model_->config();
   // cuDNN's fused attention takes each row's length, not its mask.
   const bool right_padding_only = be_.attention_needs_right_padding(model_->compute_weights().dtype);
+  const bool in_range = batch_in_range(ids, mask, types, batch, seq, c, right_padding_only);
   for (int b = 0; b < batch; ++b) {
-    for (int t = 0; t < seq; ++t) {
+    for (int t = 0; t < seq && !in_range; ++t) {  // names the first bad element
       const size_t i = size_t(b) * seq + t;
       if (ids[i] < 0 || ids[i] >= c.vocab_size)
         fail("batch row {}, position {}: token id {} is out of range for the model's vocab_size {}", b, t, ids[i],
@@ -624,13 +649,20 @@ int64_t TrainingRun::pack_rows(const int32_t* mask, int batch, int seq) {
   int64_t rows = 0;
   row_start_[0] = 0;
   for (int b = 0; b < batch; ++b) {
+    // The row's attended tokens, and whether one follows padding: counted without a branch,
+    // so that the loop vectorizes (a scan to the first 0 did not).
     const int32_t* row = mask + int64_t(b) * seq;
-    int len = 0;
-    while (len < seq && row[len] != 0) ++len;
-    for (int j = len; j < seq; ++j)
-      if (row[j] != 0) return 0;  // a hole in the mask: padded attention keeps HF's semantics
-    if (len == 0) return 0;       // no attended token: HF attends to every key
-    for (int j = 0; j < len; ++j) packed_rows_[rows++] = b * seq + j;
+    int len = row[0] != 0;
+    uint32_t hole = 0;
+    for (int j = 1; j < seq; ++j) {
+      len += row[j] != 0;
+      hole |= uint32_t((row[j] != 0) > (row[j - 1] != 0));
+    }
+    if (hole) return 0;      // a hole in the mask: padded attention keeps HF's semantics
+    if (len == 0) return 0;  // no attended token: HF attends to every key
+    int32_t* out = packed_rows_ + rows;
+    for (int j = 0; j < len; ++j) out[j] = b * seq + j;
+    rows += len;
     row_start_[b + 1] = int32_t(rows);
   }
   // No padding to leave out: the padded kernels run the same rows.
