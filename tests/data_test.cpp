@@ -334,6 +334,31 @@ TEST_P(LoaderWorkers, StopsCleanlyWhenAbandoned) {
 INSTANTIATE_TEST_SUITE_P(Loader, LoaderWorkers, ::testing::Values(0, 1, 3),
                          [](const auto& info) { return std::to_string(info.param) + "_workers"; });
 
+// Evaluation's examples made once: the same tokens, types, labels and lengths as the dataset
+// gives, each example asked for exactly once, across chunks; an example's error is the
+// construction's error, not a crash in the parallel loop.
+TEST(PreparedDataset, HoldsEveryExampleAsTheDatasetGivesIt) {
+  VecDataset d(lengths_of(9000, 0, 24, 5), 24);  // past one chunk of 4096, some examples empty
+  const PreparedDataset p(d);
+  EXPECT_EQ(d.calls.load(), 9000);
+  ASSERT_EQ(p.size(), d.size());
+  EXPECT_EQ(p.max_seq_len(), 24);
+  EXPECT_EQ(p.description(), "vec");
+  std::vector<int32_t> ids(24), types(24), want_ids(24), want_types(24);
+  for (int64_t i = 0; i < d.size(); ++i) {
+    float label = -1, want_label = -2;
+    const int n = p.example(i, ids.data(), types.data(), &label);
+    const int want = d.example(i, want_ids.data(), want_types.data(), &want_label);
+    ASSERT_EQ(n, want) << i;
+    ASSERT_EQ(p.length(i), want) << i;
+    ASSERT_EQ(label, want_label) << i;
+    ASSERT_TRUE(std::equal(ids.begin(), ids.begin() + n, want_ids.begin())) << i;
+    ASSERT_TRUE(std::equal(types.begin(), types.begin() + n, want_types.begin())) << i;
+  }
+  d.throw_at = 5000;
+  EXPECT_CONTAINS(error_of([&] { PreparedDataset bad(d); }), "bad example 5000");
+}
+
 TEST(LoaderEdge, NoBatchesAndOneExample) {
   VecDataset d({5}, 8);
   CpuBackend be;

@@ -16,11 +16,13 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
   const bool regression = run.model().regression();
   const int64_t n = data.size();
   if (n == 0) fail("{}: no examples to evaluate", data.description());
+  // Every example tokenized once, on all cores: the lengths below need them all, and the
+  // loop's batches then copy them instead of tokenizing while the GPU waits.
+  const PreparedDataset examples(data);
   // Batches of examples of similar length, longest first, so that each pads little to its
   // longest (and the largest batch runs first); results go back to the dataset's order.
   std::vector<int> lengths(static_cast<size_t>(n));
-#pragma omp parallel for schedule(dynamic, 64)
-  for (int64_t i = 0; i < n; ++i) lengths[size_t(i)] = data.length(i);
+  for (int64_t i = 0; i < n; ++i) lengths[size_t(i)] = examples.length(i);
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t(0));
   std::stable_sort(order.begin(), order.end(),
@@ -34,7 +36,7 @@ nlohmann::ordered_json evaluate(TrainingRun& run, const Dataset& data, const Tra
     if (k % world == comm.rank()) batches.emplace_back(order.begin() + lo, order.begin() + std::min(n, lo + EB));
   const int64_t steps = (n + int64_t(EB) * world - 1) / (int64_t(EB) * world);  // as Trainer counts them
   LoaderOptions lo{a.dataloader_num_workers, a.dataloader_pin_memory, 8, EB};
-  BatchLoader loader(data, std::move(batches), lo, run.backend());
+  BatchLoader loader(examples, std::move(batches), lo, run.backend());
 
   // Every example's logits, then its label: zeros where another rank has them, so that the
   // ranks' sum is exact.
