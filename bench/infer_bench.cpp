@@ -5,8 +5,10 @@
 // compute dtype alone); the varlen batch runs packed, without its padding, in half precision. Prints one JSON line per configuration: samples/s, the plan's
 // device bytes and the process's GPU memory (NVML). With --profile, five more passes of
 // each shape run under the op profiler and its table follows the line: where the time goes.
-// Usage: infer_bench [--profile] [--shape BxS[v] ...] [bf16|fp16|tf32 ...]   (default: bf16 and
-// the four shapes below; v: lengths uniform in 16..S)
+// Usage: infer_bench [--profile] [--shape BxS[v] ...] [--lengths L1,L2,...] [bf16|fp16|tf32 ...]
+// (default: bf16 and the four shapes below; v: lengths uniform in 16..S, or with --lengths
+// those of its rows, as bench/anchor_lengths.py gives the rows of HF's varlen batch: HF pads
+// them and computes every position whatever the lengths, where hone's work follows them)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -34,7 +36,7 @@ struct Shape2 {
 };
 
 void bench(const std::string& precision, const ModelConfig& c, const std::vector<float>& weights, Shape2 s,
-           std::mt19937& g, bool profile) {
+           const std::vector<int>& lengths, std::mt19937& g, bool profile) {
   TrainingArguments a;
   a.bf16 = precision == "bf16";
   a.fp16 = precision == "fp16";
@@ -57,7 +59,7 @@ void bench(const std::string& precision, const ModelConfig& c, const std::vector
   if (s.varlen) {
     real = 0;
     for (int b = 0; b < s.batch; ++b) {
-      const int n = len(g);
+      const int n = lengths.empty() ? len(g) : lengths[size_t(b)];
       real += n;
       for (int t = n; t < s.seq; ++t) mask[size_t(b * s.seq + t)] = 0;
     }
@@ -123,11 +125,24 @@ int main(int argc, char** argv) {
     }
     std::vector<std::string> precisions;
     std::vector<Shape2> shapes;
+    std::vector<int> lengths;  // a varlen shape's rows, when given
     bool profile = false;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
       if (arg == "--profile") {
         profile = true;
+      } else if (arg == "--lengths" && i + 1 < argc) {
+        const std::string list = argv[++i];
+        for (size_t at = 0; at <= list.size();) {
+          const size_t end = std::min(list.find(',', at), list.size());
+          int n = 0;
+          if (std::sscanf(list.substr(at, end - at).c_str(), "%d", &n) != 1 || n < 1) {
+            fmt::print(stderr, "infer_bench: --lengths takes positive lengths separated by commas, not '{}'\n", list);
+            return 2;
+          }
+          lengths.push_back(n);
+          at = end + 1;
+        }
       } else if (arg == "--shape" && i + 1 < argc) {
         Shape2 s{};
         char v = 0;
@@ -145,6 +160,13 @@ int main(int argc, char** argv) {
     if (precisions.empty()) precisions = {"bf16"};
     if (shapes.empty())
       shapes = {Shape2{64, 128, false}, Shape2{64, 512, false}, Shape2{64, 512, true}, Shape2{1, 128, false}};
+    for (const Shape2 s : shapes)
+      if (s.varlen && !lengths.empty() &&
+          (lengths.size() != size_t(s.batch) || *std::max_element(lengths.begin(), lengths.end()) > s.seq)) {
+        fmt::print(stderr, "infer_bench: --lengths gives {} rows of at most {} tokens; the shape {}x{}v has {} of at most {}\n",
+                   lengths.size(), *std::max_element(lengths.begin(), lengths.end()), s.batch, s.seq, s.batch, s.seq);
+        return 2;
+      }
     const ModelConfig c = *builtin_config("bert-large-uncased");
     const ParamLayout layout(c);
     std::vector<float> weights(size_t(layout.count()));
@@ -155,7 +177,7 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "infer_bench: unknown precision '{}' (bf16, fp16 or tf32)\n", p);
         return 2;
       }
-      for (const Shape2 s : shapes) bench(p, c, weights, s, g, profile);
+      for (const Shape2 s : shapes) bench(p, c, weights, s, s.varlen ? lengths : std::vector<int>{}, g, profile);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "infer_bench: {}\n", e.what());
