@@ -338,13 +338,14 @@ INSTANTIATE_TEST_SUITE_P(Loader, LoaderWorkers, ::testing::Values(0, 1, 3),
 // gives, each example asked for exactly once, across chunks; an example's error is the
 // construction's error, not a crash in the parallel loop.
 TEST(PreparedDataset, HoldsEveryExampleAsTheDatasetGivesIt) {
-  VecDataset d(lengths_of(9000, 0, 24, 5), 24);  // past one chunk of 4096, some examples empty
+  // Rows of up to 1024 tokens make chunks of 2048 examples: 9000 span five, some empty.
+  VecDataset d(lengths_of(9000, 0, 24, 5), 1024);
   const PreparedDataset p(d);
   EXPECT_EQ(d.calls.load(), 9000);
   ASSERT_EQ(p.size(), d.size());
-  EXPECT_EQ(p.max_seq_len(), 24);
+  EXPECT_EQ(p.max_seq_len(), 1024);
   EXPECT_EQ(p.description(), "vec");
-  std::vector<int32_t> ids(24), types(24), want_ids(24), want_types(24);
+  std::vector<int32_t> ids(1024), types(1024), want_ids(1024), want_types(1024);
   for (int64_t i = 0; i < d.size(); ++i) {
     float label = -1, want_label = -2;
     const int n = p.example(i, ids.data(), types.data(), &label);

@@ -13,8 +13,9 @@ PreparedDataset::PreparedDataset(const Dataset& d) : data_(d) {
   const size_t cap = size_t(std::max(d.max_seq_len(), 1));
   offsets_.assign(size_t(n) + 1, 0);
   labels_.resize(size_t(n));
-  // In chunks, so that beside the kept tokens only one chunk's rows of max_seq_len are held.
-  constexpr int64_t kChunk = 4096;
+  // In chunks of about 2 Mi tokens of scratch (4096 rows of 512; 256 of ModernBERT's 8192),
+  // so that beside the kept tokens only one chunk's rows of max_seq_len are held.
+  const int64_t kChunk = std::max<int64_t>(1, (int64_t(1) << 21) / int64_t(cap));
   const int64_t rows = std::min(n, kChunk);
   std::vector<int32_t> ids(size_t(rows) * cap), types(size_t(rows) * cap);
   std::vector<int> lengths(static_cast<size_t>(rows));
