@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
     for (const Shape2 s : shapes)
       if (s.varlen && !lengths.empty() &&
           (lengths.size() != size_t(s.batch) || *std::max_element(lengths.begin(), lengths.end()) > s.seq)) {
-        fmt::print(stderr, "infer_bench: --lengths gives {} rows of at most {} tokens; the shape {}x{}v has {} of at most {}\n",
+        fmt::print(stderr,
+                   "infer_bench: --lengths gives {} rows of at most {} tokens; the shape {}x{}v has {} of at most {}\n",
                    lengths.size(), *std::max_element(lengths.begin(), lengths.end()), s.batch, s.seq, s.batch, s.seq);
         return 2;
       }

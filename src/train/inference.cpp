@@ -35,12 +35,8 @@ std::vector<int64_t> TrainingRun::warm_up_inference() {
     mask.assign(n, 0);
     std::fill_n(mask.begin(), tokens, 1);
     logits.resize(size_t(rows) * size_t(c.num_labels));
-    Batch b;
-    b.rows = rows;
-    b.seq = seq_;
-    b.ids = ids.data();
-    b.mask = mask.data();
-    b.types = types.data();
+    const Batch b{.rows = rows, .seq = seq_, .ids = ids.data(), .mask = mask.data(), .types = types.data(),
+                  .indices = {}};
     infer(b, ForwardOutputs{logits.data()});
   }
   return counts;
