@@ -47,14 +47,13 @@ constexpr int kGroups = W == 1 ? 8 : 32 / W;
 // one 16-byte run, or eight scalar ones.
 template <int W>
 constexpr int kSpreadGroups = W == 1 ? 8 : 1;
-// The backward keeps two F32 accumulators per column of its thread (dgamma, dbeta) beside
-// the row's values, so its vector variant gives a thread 16 columns rather than 32: a
-// 1024-column row spans two warps, and at 80 registers three blocks of 256 threads fit an
-// SM (ptxas, nvcc 13: 24-84 bytes of spill stores in the vector variants), where 32 columns
-// a thread (171 registers) left one block, too few loads in flight to reach the memory's
-// rate (bert-large bf16 batch 32: 96 us a call against the 45 us its bytes take). Two blocks
-// at up to 128 registers, no spills, with both groups' loads issued together, measured the
-// same at batch 32 (docs/design/fusions.md). Its rows span at most one block of
+// The backward keeps two F32 sums per column of its thread (dgamma, dbeta; in shared
+// memory, layernorm_backward_kernel) beside the row's values, so its vector variant gives a
+// thread 16 columns rather than 32: a 1024-column row spans two warps, and at 64 registers
+// four blocks of 256 threads fit an SM (with the sums in registers: 80, 24-84 bytes of
+// spill stores, three blocks). 32 columns a thread (171 registers) left one block, too few
+// loads in flight to reach the memory's rate (bert-large bf16 batch 32: 96 us a call
+// against the 45 us its bytes take). Its rows span at most one block of
 // kBackwardVecThreads threads (4096 columns); longer rows take the scalar variant (up to
 // 8192).
 template <int W>
@@ -293,20 +292,63 @@ __global__ void __launch_bounds__(kParts ? kPartsThreads : 1024)
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma, per row; dgamma and
-// dbeta are summed over the block's rows in registers, then over the block's row slots
-// through shared memory, and added with one atomic per column and block. Each thread
-// reads its dy and x before writing the same elements of dx, so dx may alias dy.
+// dbeta are summed over the block's rows in each thread's slots of shared memory (the
+// block's dynamic shared memory, backward_sum_bytes), then over the block's row slots, and
+// added with one atomic per column and block. Held in registers, those sums took 32 of the
+// vector variant's 80 and left three blocks an SM; in shared memory four fit, with more
+// loads in flight. Each thread reads its dy and x before writing the same elements of dx,
+// so dx may alias dy.
 // With kFused dx is the gradient of the sum, and dropped_dx receives dropout(dx) (fd) of
 // the value stored (rounded to T), as the dropout op would from it; it too may alias dy.
+template <int W>
+constexpr int kSumLanes = W >= 4 ? 4 : 1;  // floats a thread reads or writes at once
+template <int W>
+using SumVec = std::conditional_t<(W >= 4), float4, float>;
+
+// Thread tid's slot for its group g, lanes q * kSumLanes.. of its run, among `threads`: a
+// warp's accesses are consecutive, so they take no bank twice.
+template <int W>
+__device__ __forceinline__ SumVec<W>& sum_slot(float* sums, int g, int q, int tid, int threads) {
+  return reinterpret_cast<SumVec<W>*>(sums)[(g * (W / kSumLanes<W>) + q) * threads + tid];
+}
+
+// s += d * x (or s += d where x is null) over a run, in the slots' layout.
+template <int W>
+__device__ __forceinline__ void add_run(float* sums, int g, int tid, int threads, const float (&d)[W],
+                                        const float* x) {
+  #pragma unroll
+  for (int q = 0; q < W / kSumLanes<W>; ++q) {
+    SumVec<W>& slot = sum_slot<W>(sums, g, q, tid, threads);
+    SumVec<W> v = slot;
+    float* e = reinterpret_cast<float*>(&v);
+    #pragma unroll
+    for (int k = 0; k < kSumLanes<W>; ++k) e[k] += x ? d[q * kSumLanes<W> + k] * x[q * kSumLanes<W> + k]
+                                                     : d[q * kSumLanes<W> + k];
+    slot = v;
+  }
+}
+
+template <int W>
+size_t backward_sum_bytes(int threads) {
+  return size_t(2) * kBackwardGroups<W> * W * threads * sizeof(float);
+}
+
 template <typename T, int W, bool kFused>
-__global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 3 : 1)
+__global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 4 : 1)
     layernorm_backward_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* dx,
                               float* __restrict__ dgamma, float* __restrict__ dbeta, int64_t rows, int cols,
                               FusedDropout fd, T* dropped_dx) {
   constexpr int G = kBackwardGroups<W>;
   const uint64_t stream = kFused ? dropout_stream(fd.d) : 0;
-  float dg[G][W] = {}, db[G][W] = {};
+  const int tid = int(threadIdx.y * blockDim.x + threadIdx.x), threads = int(blockDim.x * blockDim.y);
+  extern __shared__ __align__(16) float sums[];  // [2][G][W / kSumLanes][threads] of kSumLanes: dgamma's, dbeta's
+  float* dg = sums;
+  float* db = sums + G * W * threads;
+  #pragma unroll
+  for (int g = 0; g < G; ++g)
+    #pragma unroll
+    for (int q = 0; q < W / kSumLanes<W>; ++q) sum_slot<W>(dg, g, q, tid, threads) = sum_slot<W>(db, g, q, tid, threads) = {};
   int parity = 0;
   for (int64_t first = int64_t(blockIdx.x) * blockDim.y; first < rows;
        first += int64_t(gridDim.x) * blockDim.y, parity ^= 1) {
@@ -329,9 +371,9 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 3 
         gv[g][t] = d[t] * gm[t];
         sum_g += gv[g][t];
         sum_gx += gv[g][t] * xh[g][t];
-        dg[g][t] += d[t] * xh[g][t];
-        db[g][t] += d[t];
       }
+      add_run<W>(dg, g, tid, threads, d, xh[g]);
+      add_run<W>(db, g, tid, threads, d, nullptr);
     }
     row_sum2(sum_g, sum_gx, parity);
     const float mean_g = sum_g / cols, mean_gx = sum_gx / cols;
@@ -350,42 +392,20 @@ __global__ void __launch_bounds__(W > 1 ? kBackwardVecThreads : 1024, W > 1 ? 3 
     }
   }
 
-  if (blockDim.y == 1) {
-    #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int c = (g * blockDim.x + threadIdx.x) * W;
-      if (c >= cols) continue;
-      #pragma unroll
-      for (int t = 0; t < W; ++t) {
-        atomicAdd(dgamma + c + t, dg[g][t]);
-        if (dbeta) atomicAdd(dbeta + c + t, db[g][t]);
-      }
-    }
-    return;
-  }
-  // Several row slots share the columns: add them up first. With blockDim.y > 1 the
-  // block has kRowBlockThreads threads.
-  __shared__ float red[2][cuda::kRowBlockThreads * W];
+  // Column c = (g * blockDim.x + x) * W + t of every row slot y: its slots' sums in slot
+  // order, then one atomic for the block.
+  __syncthreads();
   const int span = blockDim.x * W;  // columns of one group
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
-  #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    __syncthreads();  // the previous group's sums have been read
-    #pragma unroll
-    for (int t = 0; t < W; ++t) {
-      red[0][threadIdx.y * span + threadIdx.x * W + t] = dg[g][t];
-      red[1][threadIdx.y * span + threadIdx.x * W + t] = db[g][t];
+  for (int j = tid; j < G * span && j < cols; j += threads) {
+    const int g = j / span, x_thread = j % span / W, t = j % W;
+    float a = 0.0f, b = 0.0f;
+    for (int s = 0; s < int(blockDim.y); ++s) {
+      const int slot_tid = s * blockDim.x + x_thread;
+      a += reinterpret_cast<const float*>(&sum_slot<W>(dg, g, t / kSumLanes<W>, slot_tid, threads))[t % kSumLanes<W>];
+      b += reinterpret_cast<const float*>(&sum_slot<W>(db, g, t / kSumLanes<W>, slot_tid, threads))[t % kSumLanes<W>];
     }
-    __syncthreads();
-    for (int j = tid; j < span && g * span + j < cols; j += nthreads) {
-      float a = 0.0f, b = 0.0f;
-      for (int s = 0; s < int(blockDim.y); ++s) {
-        a += red[0][s * span + j];
-        b += red[1][s * span + j];
-      }
-      atomicAdd(dgamma + g * span + j, a);
-      if (dbeta) atomicAdd(dbeta + g * span + j, b);
-    }
+    atomicAdd(dgamma + j, a);
+    if (dbeta) atomicAdd(dbeta + j, b);
   }
 }
 
@@ -430,16 +450,24 @@ void layernorm_backward_as(const Tensor& dy, const Tensor& x, const Tensor& gamm
   // One wave of blocks at most, as many as fit the SMs together: more rows per block
   // means fewer atomics per column, and a second, partial wave would leave SMs idle.
   const int threads = int(l.block.x * l.block.y);  // 256, 512 or 1024
-  static std::atomic<int> per_sm[3] = {};            // by block size, asked once each
+  const size_t sum_bytes = backward_sum_bytes<W>(threads);
+  static const bool smem_opted_in = [] {  // the scalar variant's 1024 threads take 64 KiB
+    HONE_CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<T, W, kFused>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(backward_sum_bytes<W>(1024))));
+    return true;
+  }();
+  (void)smem_opted_in;
+  static std::atomic<int> per_sm[3] = {};  // by block size, asked once each
   std::atomic<int>& fit = per_sm[threads == 256 ? 0 : threads == 512 ? 1 : 2];
   if (fit.load() == 0) {
     int n = 0;
-    HONE_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layernorm_backward_kernel<T, W, kFused>, threads, 0));
+    HONE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, layernorm_backward_kernel<T, W, kFused>,
+                                                                  threads, sum_bytes));
     fit.store(std::max(n, 1));
   }
   l.grid.x = std::min(l.grid.x, unsigned(fit.load() * sms));
-  layernorm_backward_kernel<T, W, kFused><<<l.grid, l.block, 0, stream>>>(
+  layernorm_backward_kernel<T, W, kFused><<<l.grid, l.block, sum_bytes, stream>>>(
       dy.ptr<T>(), x.ptr<T>(), gamma.ptr<T>(), mean.f32(), rstd.f32(), dx.ptr<T>(), dgamma.f32(),
       dbeta.data ? dbeta.f32() : nullptr, rows,
       int(cols), fd, dropped_dx);

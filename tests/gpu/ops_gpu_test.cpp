@@ -248,9 +248,11 @@ TEST_F(GpuOps, WindowedAttentionMatchesCpu) {
 
 // ---------------------------------------------------------------------------- layernorm
 
+// Shapes for each backward layout: scalar runs (13 columns), 16-byte runs with four rows
+// a block (1024) and with a row a block over columns that leave groups part-filled (3000).
 TEST_F(GpuOps, LayerNormMatchesCpuAndAccumulatesParameterGrads) {
   Backend& g = gpu();
-  for (auto [R, C] : {std::pair<int, int>{7, 13}, {2048, 1024}}) {
+  for (auto [R, C] : {std::pair<int, int>{7, 13}, {2048, 1024}, {37, 3000}}) {
     // Rows with a non-zero mean, as hidden states have; BERT's eps.
     const float eps = 1e-12f;
     Both x(g, random({R, C}, 1, -1.0f, 3.0f)), gamma(g, random({C}, 2, 0.5f, 1.5f)), beta(g, random({C}, 3));
