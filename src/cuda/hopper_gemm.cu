@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(kProductThreads, 1)
     // each; element 4 nt + e is column 8 nt + 2 t + (e & 1) of row + 8 (e >> 1).
     float acc[2][64];
     const int first = j * slices;
-    for (int kb = 0; kb < slices; ++kb) {
+    // Issues slice kb's MMAs; accumulate = false (the tile's first slice) overwrites acc.
+    const auto mma_slice = [&](int kb, bool accumulate) {
       const int it = first + kb, s = it % kStages;
       mbar_wait(full + s, (it / kStages) & 1);
       const unsigned char* xs = sX + s * kSliceBytes;
@@ -245,8 +246,8 @@ __global__ void __launch_bounds__(kProductThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kSliceK / 16; ++kk) {
         const uint64_t wd = smem_descriptor(ws + kk * 32);
-        wgmma_m64n128k16_ss<T>(acc[0], smem_descriptor(xs + kk * 32), wd, kb > 0 || kk > 0);
-        wgmma_m64n128k16_ss<T>(acc[1], smem_descriptor(xs + 64 * 128 + kk * 32), wd, kb > 0 || kk > 0);
+        wgmma_m64n128k16_ss<T>(acc[0], smem_descriptor(xs + kk * 32), wd, accumulate || kk > 0);
+        wgmma_m64n128k16_ss<T>(acc[1], smem_descriptor(xs + 64 * 128 + kk * 32), wd, accumulate || kk > 0);
       }
       wgmma_commit();
       // One slice's MMAs stay in flight; the slice before it is done, and its stage free.
@@ -254,7 +255,12 @@ __global__ void __launch_bounds__(kProductThreads, 1)
       fence_registers(acc[0]);
       fence_registers(acc[1]);
       if (kb > 0 && lane == 0) mbar_arrive(empty + (it - 1) % kStages);
-    }
+    };
+    // The first slice apart (hopper_gelu_product_runs asks k > 0): with its MMAs' accumulate
+    // flag a constant, ptxas sees that they do not read acc, so the last tile's accumulators
+    // are dead in the store loop (with the flag a loop's value, they held 128 registers there).
+    mma_slice(0, false);
+    for (int kb = 1; kb < slices; ++kb) mma_slice(kb, true);
     if (tile + gridDim.x < tiles) named_barrier_arrive(their_turn, 256);  // the other's next tile may start
     wgmma_wait<0>();
     fence_registers(acc[0]);
@@ -315,7 +321,7 @@ bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, int sms,
                               std::initializer_list<const void*> data) {
   bool aligned = true;
   for (const void* p : data) aligned = aligned && aligned16(p);
-  if (!((t == DType::BF16 || t == DType::F16) && n % kTileN == 0 && k % kSliceK == 0 && n < (int64_t(1) << 30) &&
+  if (!((t == DType::BF16 || t == DType::F16) && n % kTileN == 0 && k > 0 && k % kSliceK == 0 && n < (int64_t(1) << 30) &&
         aligned && gelu_epilogue_allowed() && flash::hopper_kernels_present()))
     return false;
   // Fewer tiles than two a CTA leave SMs idle that cuBLASLt's choices (split k) would use.
