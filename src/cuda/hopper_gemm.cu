@@ -143,8 +143,9 @@ __device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* stage
                                                   int m, int n, int bar) {
   named_barrier(bar, 128);  // the fragments are staged
   // bf16: four pieces (32 lookups) in flight, 0.233-0.234 ms against two's 0.237-0.238 (H200,
-  // without pre, when each pair's lookups sat behind a branch); eight ran 0.256, and spill
-  // since the lookups are all issued at once. fp16's erfs spill at four.
+  // without pre, when each pair's lookups sat behind a branch). Eight, without spills once
+  // the accumulators were dead here, ran 0.223 without pre and 0.236 keeping it, against
+  // four's 0.217 and 0.225-0.226 (H200, 2026-11-29). fp16's erfs take two.
   constexpr int kPieces = kTileN / 8, kInFlight = std::is_same_v<T, __nv_bfloat16> ? 4 : 2;
   const int rows = min(kTileM, m - m0), pieces = rows * kPieces;
   for (int c0 = threadIdx.x % 128; c0 < pieces; c0 += 128 * kInFlight) {

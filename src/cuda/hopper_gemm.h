@@ -19,9 +19,9 @@ namespace hone::cuda {
 bool gelu_epilogue_allowed();
 
 // Whether the kernel runs this product here: a 9.0 GPU with the sm_90a image, BF16 or F16,
-// k a multiple of 64, n of 128, at least two 128 x 128 tiles of y for each of the GPU's
-// `sms` multiprocessors, 16-byte aligned data (x, w, b, y, pre; null b and pre pass), and
-// gelu_epilogue_allowed().
+// k a positive multiple of 64, n of 128, at least two 128 x 128 tiles of y for each of the
+// GPU's `sms` multiprocessors, 16-byte aligned data (x, w, b, y, pre; null b and pre pass),
+// and gelu_epilogue_allowed().
 bool hopper_gelu_product_runs(DType t, int64_t m, int64_t n, int64_t k, int sms,
                               std::initializer_list<const void*> data);
 
