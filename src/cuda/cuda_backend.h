@@ -279,8 +279,14 @@ class CudaBackend final : public Backend {
   // nullopt: a GELU epilogue product without a kernel, run unfused instead.
   std::map<std::array<int64_t, kLtKey>, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
   // The timed choices, by shape bucket (linear.cu's shape_bucket): packed batches change
-  // their number of rows every step, and a shape near one already timed reuses its choice.
-  std::map<std::array<int64_t, kLtKey>, cublasLtMatmulAlgo_t> lt_timed_;
+  // their number of rows every step, and a shape near one already timed reuses its choice,
+  // or, where timing kept the heuristic's first candidate, the heuristic's first for its own
+  // shape (lt_matmul says why).
+  struct TimedChoice {
+    cublasLtMatmulAlgo_t algo;
+    bool heuristic_first;
+  };
+  std::map<std::array<int64_t, kLtKey>, TimedChoice> lt_timed_;
 
   // attention.cu: BF16/F16 attention runs hone's flash kernels unless HONE_ATTENTION=cudnn
   // (read once, at construction); then cuDNN's handle and fused-attention plans, made on

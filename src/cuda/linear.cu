@@ -197,18 +197,29 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   const bool tune = g.beta == 0.0f && times_candidates(g.ab_type != CUDA_R_32F, macs);
   std::array<int64_t, kLtKey> bucket = key;
   for (size_t i = 0; i < 3; ++i) bucket[i] = shape_bucket(key[i]);
-  // A shape in a bucket already timed takes that choice where cuBLASLt runs it for this
-  // shape too: timing the candidates for each packed step's number of rows cost more than
-  // the products (bert-large on 2048 texts of 16..512 tokens: 113 TFLOP/s forward).
+  // A shape in a bucket already timed is not timed again: timing the candidates for each
+  // packed step's number of rows cost more than the products (bert-large on 2048 texts of
+  // 16..512 tokens: 113 TFLOP/s forward). Where another candidate won, the shape takes that
+  // choice if cuBLASLt runs it for this shape too. Where the heuristic's first won, the
+  // shape takes the heuristic's first for itself: the heuristic sees how the shape's tiles
+  // fill the GPU's waves, which a choice timed at another row count does not (bert-large's
+  // down projection, bf16, H200: at 17,654 rows the first pick at 20,480 took 0.209 ms, the
+  // heuristic's own first for 17,654 0.168; the out projection's timed winner, the
+  // heuristic's fifth, stayed ahead at every count of its bucket; docs/BENCHMARKS.md).
+  bool time_here = tune;
   if (auto it = !algo && tune ? lt_timed_.find(bucket) : lt_timed_.end(); it != lt_timed_.end()) {
     cublasLtMatmulHeuristicResult_t check = {};
-    if (cublasLtMatmulAlgoCheck(lt_, desc, la, lb, ld, ld, &it->second, &check) == CUBLAS_STATUS_SUCCESS &&
+    time_here = false;
+    if (!it->second.heuristic_first &&
+        cublasLtMatmulAlgoCheck(lt_, desc, la, lb, ld, ld, &it->second.algo, &check) == CUBLAS_STATUS_SUCCESS &&
         check.workspaceSize <= kGemmWorkspaceBytes)
-      algo = &*lt_algos_.emplace(key, it->second).first->second;
+      algo = &*lt_algos_.emplace(key, it->second.algo).first->second;
+    else
+      time_here = !it->second.heuristic_first;  // the winner does not run this shape: time it
   }
   if (!algo) {
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
-    const int found = lt_heuristics(lt_, g, described, tune ? kCandidates : 1, results);
+    const int found = lt_heuristics(lt_, g, described, time_here ? kCandidates : 1, results);
     if (found == 0 && g.gelu != GeluEpilogue::None) {
       lt_algos_.emplace(key, std::nullopt);
       return false;
@@ -219,6 +230,7 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
            g.gelu == GeluEpilogue::None ? "" : g.gelu == GeluEpilogue::Forward ? ", GELU" : ", GELU gradient",
            int(g.ab_type), int(g.d_type));
     cublasLtMatmulHeuristicResult_t result = results[0];
+    bool first_won = true;
     if (found > 1) {
       HONE_CHECK(!recording_, "a {}x{}x{} product first seen while recording a CUDA graph: its algorithm is chosen "
                  "by timing, which a recording cannot do (--cuda_graphs false runs without graphs)", g.m, g.n, g.k);
@@ -240,13 +252,13 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
         HONE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         // A later candidate must win by 3%: near-ties keep the heuristic's order, so that
         // the choice, and with it the rounding, stays the same from run to run.
-        if (ms < best * 0.97f) best = ms, result = results[i];
+        if (ms < best * 0.97f) best = ms, result = results[i], first_won = i == 0;
       }
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
     }
     algo = &*lt_algos_.emplace(key, result.algo).first->second;
-    if (tune) lt_timed_.emplace(bucket, result.algo);
+    if (time_here) lt_timed_.emplace(bucket, TimedChoice{result.algo, first_won});
   }
   HONE_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &g.alpha, g.a, la, g.b, lb, &g.beta, g.d, ld, g.d, ld, algo,
                                    gemm_workspace_, kGemmWorkspaceBytes, stream_));
