@@ -208,14 +208,16 @@ bool CudaBackend::lt_matmul(const LtGemm& g) {
   // heuristic's fifth, stayed ahead at every count of its bucket; docs/BENCHMARKS.md).
   bool time_here = tune;
   if (auto it = !algo && tune ? lt_timed_.find(bucket) : lt_timed_.end(); it != lt_timed_.end()) {
-    cublasLtMatmulHeuristicResult_t check = {};
-    time_here = false;
-    if (!it->second.heuristic_first &&
-        cublasLtMatmulAlgoCheck(lt_, desc, la, lb, ld, ld, &it->second.algo, &check) == CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= kGemmWorkspaceBytes)
-      algo = &*lt_algos_.emplace(key, it->second.algo).first->second;
-    else
-      time_here = !it->second.heuristic_first;  // the winner does not run this shape: time it
+    const TimedChoice& timed = it->second;
+    time_here = false;  // the heuristic's first for this shape, unless another candidate won
+    if (!timed.heuristic_first) {
+      cublasLtMatmulHeuristicResult_t check = {};
+      if (cublasLtMatmulAlgoCheck(lt_, desc, la, lb, ld, ld, &timed.algo, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kGemmWorkspaceBytes)
+        algo = &*lt_algos_.emplace(key, timed.algo).first->second;
+      else
+        time_here = true;  // the winner does not run this shape: time the candidates for it
+    }
   }
   if (!algo) {
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
