@@ -5,10 +5,13 @@
 // compute dtype alone); the varlen batch runs packed, without its padding, in half precision. Prints one JSON line per configuration: samples/s, the plan's
 // device bytes and the process's GPU memory (NVML). With --profile, five more passes of
 // each shape run under the op profiler and its table follows the line: where the time goes.
-// Usage: infer_bench [--profile] [--shape BxS[v] ...] [--lengths L1,L2,...] [bf16|fp16|tf32 ...]
+// Usage: infer_bench [--profile] [--shape BxS[v] ...] [--lengths L1,L2,...] [--draws N] [bf16|fp16|tf32 ...]
 // (default: bf16 and the four shapes below; v: lengths uniform in 16..S, or with --lengths
 // those of its rows, as bench/anchor_lengths.py gives the rows of HF's varlen batch: HF pads
-// them and computes every position whatever the lengths, where hone's work follows them)
+// them and computes every position whatever the lengths, where hone's work follows them).
+// --draws N times a varlen shape on N batches of lengths drawn in turn (a line each, then one
+// with the N batches' samples over the sum of their medians): one draw's token count moves
+// about 5% either side of the distribution's mean, and hone's time with it.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,7 +39,7 @@ struct Shape2 {
 };
 
 void bench(const std::string& precision, const ModelConfig& c, const std::vector<float>& weights, Shape2 s,
-           const std::vector<int>& lengths, std::mt19937& g, bool profile) {
+           const std::vector<int>& lengths, int draws, std::mt19937& g, bool profile) {
   TrainingArguments a;
   a.bf16 = precision == "bf16";
   a.fp16 = precision == "fp16";
@@ -51,19 +54,9 @@ void bench(const std::string& precision, const ModelConfig& c, const std::vector
   std::unique_ptr<int32_t, std::function<void(int32_t*)>> host(
       static_cast<int32_t*>(be->allocate_host(3 * tokens * sizeof(int32_t))), [&](int32_t* p) { be->deallocate_host(p); });
   const std::span<int32_t> ids(host.get(), tokens), mask(host.get() + tokens, tokens), types(host.get() + 2 * tokens, tokens);
-  std::fill(mask.begin(), mask.end(), 1);
   std::fill(types.begin(), types.end(), 0);
   std::uniform_int_distribution<int32_t> id(100, 29999), len(16, s.seq);
   for (int32_t& x : ids) x = id(g);
-  int64_t real = int64_t(tokens);
-  if (s.varlen) {
-    real = 0;
-    for (int b = 0; b < s.batch; ++b) {
-      const int n = lengths.empty() ? len(g) : lengths[size_t(b)];
-      real += n;
-      for (int t = n; t < s.seq; ++t) mask[size_t(b * s.seq + t)] = 0;
-    }
-  }
   Batch batch;
   batch.rows = s.batch;
   batch.seq = s.seq;
@@ -71,24 +64,48 @@ void bench(const std::string& precision, const ModelConfig& c, const std::vector
   batch.mask = mask.data();
   batch.types = types.data();
   std::vector<float> logits(size_t(s.batch) * size_t(c.num_labels));
-  for (int i = 0; i < 3; ++i) run.infer(batch, ForwardOutputs{logits.data()});
-  std::vector<double> times;
-  for (int i = 0; i < 10; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    run.infer(batch, ForwardOutputs{logits.data()});
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
-  const auto mem = gpu_memory(0);
   // Right-padded batches with padding run packed where the backend packs attention.
   const bool packed = s.varlen && be->packs_attention({s.batch, s.seq, c.num_attention_heads, c.head_dim(), 1.0f},
                                                       compute_dtype(a));
-  fmt::print(R"({{"tool": "hone", "dtype": "{}", "bs": {}, "seq": {}, "varlen": {}, "packed": {}, "real_tokens": {}, )"
-             R"("samples_per_s": {:.1f}, "ms_per_batch": {:.3f}, "plan_mb": {}, "process_mb": {}}})"
-             "\n",
-             precision, s.batch, s.seq, s.varlen, packed, real, s.batch / median, median * 1e3,
-             run.memory().plan().total_bytes() >> 20, mem && mem->process_known ? int64_t(mem->process_used >> 20) : -1);
+  const int batches = s.varlen && lengths.empty() ? std::max(1, draws) : 1;
+  double seconds = 0;
+  int64_t all_tokens = 0;
+  for (int d = 0; d < batches; ++d) {
+    std::fill(mask.begin(), mask.end(), 1);
+    int64_t real = int64_t(tokens);
+    if (s.varlen) {
+      real = 0;
+      for (int b = 0; b < s.batch; ++b) {
+        const int n = lengths.empty() ? len(g) : lengths[size_t(b)];
+        real += n;
+        for (int t = n; t < s.seq; ++t) mask[size_t(b * s.seq + t)] = 0;
+      }
+    }
+    for (int i = 0; i < 3; ++i) run.infer(batch, ForwardOutputs{logits.data()});
+    std::vector<double> times;
+    for (int i = 0; i < 10; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      run.infer(batch, ForwardOutputs{logits.data()});
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2];
+    seconds += median;
+    all_tokens += real;
+    const auto m = gpu_memory(0);
+    fmt::print(R"({{"tool": "hone", "dtype": "{}", "bs": {}, "seq": {}, "varlen": {}, "packed": {}, {}"real_tokens": {}, )"
+               R"("samples_per_s": {:.1f}, "ms_per_batch": {:.3f}, "plan_mb": {}, "process_mb": {}}})"
+               "\n",
+               precision, s.batch, s.seq, s.varlen, packed, batches > 1 ? fmt::format(R"("draw": {}, )", d) : "",
+               real, s.batch / median, median * 1e3, run.memory().plan().total_bytes() >> 20,
+               m && m->process_known ? int64_t(m->process_used >> 20) : -1);
+  }
+  if (batches > 1)
+    fmt::print(R"({{"tool": "hone", "dtype": "{}", "bs": {}, "seq": {}, "varlen": true, "packed": {}, "draws": {}, )"
+               R"("mean_real_tokens": {:.0f}, "samples_per_s": {:.1f}, "ms_per_batch": {:.3f}}})"
+               "\n",
+               precision, s.batch, s.seq, packed, batches, double(all_tokens) / batches,
+               s.batch * batches / seconds, seconds / batches * 1e3);
   std::fflush(stdout);
   if (!profile) return;
   const Roofline roof = measure_roofline(*be, compute_dtype(a), precision);
@@ -127,6 +144,7 @@ int main(int argc, char** argv) {
     std::vector<Shape2> shapes;
     std::vector<int> lengths;  // a varlen shape's rows, when given
     bool profile = false;
+    int draws = 1;
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
       if (arg == "--profile") {
@@ -142,6 +160,11 @@ int main(int argc, char** argv) {
           }
           lengths.push_back(n);
           at = end + 1;
+        }
+      } else if (arg == "--draws" && i + 1 < argc) {
+        if (std::sscanf(argv[++i], "%d", &draws) != 1 || draws < 1 || draws > 1000) {
+          fmt::print(stderr, "infer_bench: --draws takes a count of 1 to 1000, not '{}'\n", argv[i]);
+          return 2;
         }
       } else if (arg == "--shape" && i + 1 < argc) {
         Shape2 s{};
@@ -178,7 +201,7 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "infer_bench: unknown precision '{}' (bf16, fp16 or tf32)\n", p);
         return 2;
       }
-      for (const Shape2 s : shapes) bench(p, c, weights, s, s.varlen ? lengths : std::vector<int>{}, g, profile);
+      for (const Shape2 s : shapes) bench(p, c, weights, s, s.varlen ? lengths : std::vector<int>{}, draws, g, profile);
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "infer_bench: {}\n", e.what());
