@@ -317,9 +317,10 @@ class Backend {
   // dtype t: 1 where the backend's plain product serves best (every product on the CPU).
   virtual int linear_splits(int64_t m, int64_t n, int64_t k, DType t) const { return 1; }
   // The row counts M up to max_rows at which the first [M, N] = [M, K] [N, K]^T product in
-  // dtype t chooses its algorithm by timing candidates (CUDA: half precision), one for each
-  // group of counts that shares that choice: what a run should see once before it answers
-  // requests (TrainingRun::warm_up_inference). None on the CPU.
+  // dtype t chooses its algorithm by timing candidates (CUDA: half precision, where the
+  // backend times products), one for each group of counts that shares that choice: what a
+  // run should see once before it answers requests (TrainingRun::warm_up_inference). None on
+  // the CPU.
   virtual std::vector<int64_t> timed_row_counts(int64_t max_rows, int64_t n, int64_t k, DType t) const { return {}; }
   // dx[M,K] = dy[M,N] w (added to dx when accumulate_dx); dw += dy^T x; db += column sums of dy.
   // dx and db may be null.

@@ -10,6 +10,12 @@ namespace hone {
 struct CudaOptions {
   int device = 0;
   bool tf32 = false;  // TF32 tensor cores for fp32 matrix products (TrainingArguments.tf32)
+  // Half-precision products of 2^30 multiply-adds or more time cuBLASLt's first candidates
+  // on first use and keep the fastest; otherwise each takes the heuristic's first. Timing
+  // loads every candidate's kernel, 0.1 s of a bert-large run, and gained 0.6% of a batch-32
+  // step, nothing at batch 4 or in inference (H200, docs/BENCHMARKS.md): worth it only to
+  // runs long enough (cli::times_products) and to a server's warm-up, before it answers.
+  bool time_products = false;
 };
 
 // Whether this build has the CUDA backend and a GPU is usable; if not, `why` says why.

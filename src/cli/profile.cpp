@@ -38,7 +38,8 @@ int profile_command(const TrainingArguments& requested, const ProfileOptions& o)
 
   RunInputs in = prepare_inputs(a, true, false, false);
   const ModelConfig& cfg = in.model.config;
-  std::unique_ptr<Backend> backend = make_backend(a, false, pg.local_rank);
+  // The steady state of a long run, whose products are timed (times_products).
+  std::unique_ptr<Backend> backend = make_backend(a, false, pg.local_rank, true);
   Backend& be = *backend;
   const std::unique_ptr<Communicator> comm = make_communicator(be, pg);
   // Before the run's memory exists: the measurement takes buffers of its own.

@@ -63,7 +63,8 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
   RunInputs in = prepare_model(a);
   if (prepared.valid()) prepared.get();
   const ModelConfig& cfg = in.model.config;
-  std::unique_ptr<Backend> be = make_backend(a);
+  // Its products timed during the warm-up below, before it listens: no request waits for it.
+  std::unique_ptr<Backend> be = make_backend(a, false, 0, true);
   const int max_batch = a.per_device_eval_batch_size;
   TrainingRun run(a, cfg, in.seq_len, *be, GradientMemory::Persistent, RunPhases{false, max_batch});
   {
@@ -76,7 +77,7 @@ int serve_command(const TrainingArguments& a, const ServeOptions& o) {
     run.write_weights(host.data());
   }
   // As text-embeddings-inference warms its model before it listens: the first requests would
-  // otherwise pay for choosing the products' algorithms (bert-large bf16: tens of ms a size).
+  // otherwise pay for timing the products' candidates (bert-large bf16: tens of ms a size).
   const auto warm_start = std::chrono::steady_clock::now();
   if (const std::vector<int64_t> counts = run.warm_up_inference(); !counts.empty())
     fmt::print("warmed up: {} batches of {} to {} tokens in {:.2f} s\n", counts.size(), counts.front(), counts.back(),

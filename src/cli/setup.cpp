@@ -21,13 +21,15 @@ std::future<void> prepare_gpu(const TrainingArguments& a, int device, PreparedWo
   return std::async(std::launch::async, prepare_cuda, device, compute_dtype(a), a.tf32, work);
 }
 
-std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only, int device) {
+bool times_products(int64_t tokens) { return tokens >= kTimedRunTokens; }
+
+std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only, int device, bool time_products) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   std::string why;
   if (a.device == "cuda" || (a.device == "auto" && cuda_available(&why))) {
     if ((a.bf16 || a.fp16) && !plan_only && !mixed_precision_available(&why))
       fail("--{}: {}", a.bf16 ? "bf16" : "fp16", why);
-    return make_cuda_backend({device, a.tf32});
+    return make_cuda_backend({.device = device, .tf32 = a.tf32, .time_products = time_products});
   }
   if (a.tf32) fmt::print("notice: --tf32 affects CUDA matrix products only; the CPU backend computes in fp32\n");
   if (a.fp16 && !plan_only)

@@ -37,7 +37,8 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
-CudaBackend::CudaBackend(const CudaOptions& options) : device_(options.device), tf32_(options.tf32) {
+CudaBackend::CudaBackend(const CudaOptions& options)
+    : device_(options.device), tf32_(options.tf32), time_products_(options.time_products) {
   HONE_CUDA_CHECK(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   HONE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));

@@ -217,6 +217,7 @@ class CudaBackend final : public Backend {
   int device_;
   int sms_ = 0;  // streaming multiprocessors, for the grids of kernels that fill the GPU once
   bool tf32_;
+  bool time_products_;  // CudaOptions::time_products
   std::string name_;
   cudaStream_t stream_ = nullptr;
   // Host buffers of kRegisteredHostBytes or more: allocated, touched and registered with

@@ -2,7 +2,8 @@
 // backend of its device, once, and that backend's products are bit for bit those of a
 // backend made without it (but for F32's bias gradient, whose sums are added atomically);
 // without a GPU it ends quietly. And TrainingRun::warm_up_inference: after it, no batch a
-// server runs times its products.
+// server runs times its products; a backend that does not time products (CudaOptions'
+// default: hone predict, short training runs) times none and warms up nothing.
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
@@ -91,34 +92,12 @@ TEST_F(WarmStart, ABackendAfterPreparationComputesTheSameProducts) {
   EXPECT_EQ(cuda::take_prepared_lt(0), nullptr);  // each backend took its handle
 }
 
-// A server's batches after the warm-up: right-padded rows of any lengths, packed, find each
-// product's algorithm chosen (timing candidates would hold up a request for milliseconds).
-TEST_F(WarmStart, AfterTheWarmUpNoInferenceBatchTimesItsProducts) {
-  std::string why;
-  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
-  ModelConfig c = test::small_bert();
-  c.hidden_size = 1024;  // bert-large's layer: its up projection is timed from 256 rows
-  c.intermediate_size = 4096;
-  c.num_attention_heads = 16;
-  c.num_hidden_layers = 1;
-  c.max_position_embeddings = 128;
+// `count` batches of up to 8 rows of random lengths (right-padded, so packed), logits only.
+void infer_random_batches(TrainingRun& run, const ModelConfig& c, int count) {
   constexpr int kSeq = 128, kBatch = 8;
-  std::unique_ptr<Backend> be = make_cuda_backend({});
-  const auto& cuda = dynamic_cast<const CudaBackend&>(*be);
-  TrainingArguments a;
-  a.bf16 = true;
-  TrainingRun run(a, c, kSeq, *be, GradientMemory::Persistent, RunPhases{false, kBatch});
-  const ParamLayout layout(c);
-  std::vector<float> w(size_t(layout.count()));
-  init_weights(c, layout, w.data(), 1);
-  run.write_weights(w.data());
-  // The quarter-octave groups from 256 rows (4096 x 1024 x 256 multiply-adds: 2^30) to 1024.
-  EXPECT_EQ(run.warm_up_inference(), (std::vector<int64_t>{256, 320, 384, 448, 512, 640, 768, 896, 1024}));
-  const size_t timed = cuda.timed_product_groups();
-  EXPECT_GT(timed, 0u);
   std::mt19937 g(5);
   std::uniform_int_distribution<int> rows(1, kBatch), length(1, kSeq);
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < count; ++i) {
     const int n = rows(g);
     std::vector<int32_t> ids(size_t(n) * kSeq, 0), mask(ids.size(), 0), types(ids.size(), 0);
     for (int r = 0; r < n; ++r) {
@@ -131,7 +110,58 @@ TEST_F(WarmStart, AfterTheWarmUpNoInferenceBatchTimesItsProducts) {
     std::vector<float> logits(size_t(n) * size_t(c.num_labels));
     run.infer(Batch{n, kSeq, ids.data(), mask.data(), types.data(), nullptr, {}}, ForwardOutputs{logits.data()});
   }
+}
+
+// bert-large's layer (its up projection is timed from 256 rows), one of it, 128 positions.
+ModelConfig large_layer() {
+  ModelConfig c = test::small_bert();
+  c.hidden_size = 1024;
+  c.intermediate_size = 4096;
+  c.num_attention_heads = 16;
+  c.num_hidden_layers = 1;
+  c.max_position_embeddings = 128;
+  return c;
+}
+
+// A server's batches after the warm-up: right-padded rows of any lengths, packed, find each
+// product's algorithm chosen (timing candidates would hold up a request for milliseconds).
+TEST_F(WarmStart, AfterTheWarmUpNoInferenceBatchTimesItsProducts) {
+  std::string why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  const ModelConfig c = large_layer();
+  std::unique_ptr<Backend> be = make_cuda_backend({.time_products = true});
+  const auto& cuda = dynamic_cast<const CudaBackend&>(*be);
+  TrainingArguments a;
+  a.bf16 = true;
+  TrainingRun run(a, c, 128, *be, GradientMemory::Persistent, RunPhases{false, 8});
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 1);
+  run.write_weights(w.data());
+  // The quarter-octave groups from 256 rows (4096 x 1024 x 256 multiply-adds: 2^30) to 1024.
+  EXPECT_EQ(run.warm_up_inference(), (std::vector<int64_t>{256, 320, 384, 448, 512, 640, 768, 896, 1024}));
+  const size_t timed = cuda.timed_product_groups();
+  EXPECT_GT(timed, 0u);
+  infer_random_batches(run, c, 40);
   EXPECT_EQ(cuda.timed_product_groups(), timed) << "a batch after the warm-up timed a product";
+}
+
+TEST_F(WarmStart, ABackendThatDoesNotTimeProductsTimesNone) {
+  std::string why;
+  if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
+  const ModelConfig c = large_layer();
+  std::unique_ptr<Backend> be = make_cuda_backend({});
+  const auto& cuda = dynamic_cast<const CudaBackend&>(*be);
+  TrainingArguments a;
+  a.bf16 = true;
+  TrainingRun run(a, c, 128, *be, GradientMemory::Persistent, RunPhases{false, 8});
+  const ParamLayout layout(c);
+  std::vector<float> w(size_t(layout.count()));
+  init_weights(c, layout, w.data(), 1);
+  run.write_weights(w.data());
+  EXPECT_TRUE(run.warm_up_inference().empty());
+  infer_random_batches(run, c, 40);  // up to 1024 rows: products the other backend times
+  EXPECT_EQ(cuda.timed_product_groups(), 0u);
 }
 
 // Without a usable GPU (CI's machines), the preparation is best effort: it ends quietly,
