@@ -112,56 +112,54 @@ void infer_random_batches(TrainingRun& run, const ModelConfig& c, int count) {
   }
 }
 
-// bert-large's layer (its up projection is timed from 256 rows), one of it, 128 positions.
-ModelConfig large_layer() {
-  ModelConfig c = test::small_bert();
-  c.hidden_size = 1024;
-  c.intermediate_size = 4096;
-  c.num_attention_heads = 16;
-  c.num_hidden_layers = 1;
-  c.max_position_embeddings = 128;
-  return c;
-}
+// A bf16 inference run of bert-large's layer (its up projection is timed from 256 rows), one
+// of it, 128 positions, batches up to 8, random weights.
+struct LargeLayerRun {
+  ModelConfig c = [] {
+    ModelConfig c = test::small_bert();
+    c.hidden_size = 1024;
+    c.intermediate_size = 4096;
+    c.num_attention_heads = 16;
+    c.num_hidden_layers = 1;
+    c.max_position_embeddings = 128;
+    return c;
+  }();
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<TrainingRun> run;
+
+  explicit LargeLayerRun(const CudaOptions& options) : be(make_cuda_backend(options)) {
+    TrainingArguments a;
+    a.bf16 = true;
+    run = std::make_unique<TrainingRun>(a, c, 128, *be, GradientMemory::Persistent, RunPhases{false, 8});
+    const ParamLayout layout(c);
+    std::vector<float> w(size_t(layout.count()));
+    init_weights(c, layout, w.data(), 1);
+    run->write_weights(w.data());
+  }
+  const CudaBackend& cuda() const { return dynamic_cast<const CudaBackend&>(*be); }
+};
 
 // A server's batches after the warm-up: right-padded rows of any lengths, packed, find each
 // product's algorithm chosen (timing candidates would hold up a request for milliseconds).
 TEST_F(WarmStart, AfterTheWarmUpNoInferenceBatchTimesItsProducts) {
   std::string why;
   if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
-  const ModelConfig c = large_layer();
-  std::unique_ptr<Backend> be = make_cuda_backend({.time_products = true});
-  const auto& cuda = dynamic_cast<const CudaBackend&>(*be);
-  TrainingArguments a;
-  a.bf16 = true;
-  TrainingRun run(a, c, 128, *be, GradientMemory::Persistent, RunPhases{false, 8});
-  const ParamLayout layout(c);
-  std::vector<float> w(size_t(layout.count()));
-  init_weights(c, layout, w.data(), 1);
-  run.write_weights(w.data());
+  LargeLayerRun r({.time_products = true});
   // The quarter-octave groups from 256 rows (4096 x 1024 x 256 multiply-adds: 2^30) to 1024.
-  EXPECT_EQ(run.warm_up_inference(), (std::vector<int64_t>{256, 320, 384, 448, 512, 640, 768, 896, 1024}));
-  const size_t timed = cuda.timed_product_groups();
+  EXPECT_EQ(r.run->warm_up_inference(), (std::vector<int64_t>{256, 320, 384, 448, 512, 640, 768, 896, 1024}));
+  const size_t timed = r.cuda().timed_product_groups();
   EXPECT_GT(timed, 0u);
-  infer_random_batches(run, c, 40);
-  EXPECT_EQ(cuda.timed_product_groups(), timed) << "a batch after the warm-up timed a product";
+  infer_random_batches(*r.run, r.c, 40);
+  EXPECT_EQ(r.cuda().timed_product_groups(), timed) << "a batch after the warm-up timed a product";
 }
 
 TEST_F(WarmStart, ABackendThatDoesNotTimeProductsTimesNone) {
   std::string why;
   if (!mixed_precision_available(&why)) GTEST_SKIP() << "no mixed precision: " << why;
-  const ModelConfig c = large_layer();
-  std::unique_ptr<Backend> be = make_cuda_backend({});
-  const auto& cuda = dynamic_cast<const CudaBackend&>(*be);
-  TrainingArguments a;
-  a.bf16 = true;
-  TrainingRun run(a, c, 128, *be, GradientMemory::Persistent, RunPhases{false, 8});
-  const ParamLayout layout(c);
-  std::vector<float> w(size_t(layout.count()));
-  init_weights(c, layout, w.data(), 1);
-  run.write_weights(w.data());
-  EXPECT_TRUE(run.warm_up_inference().empty());
-  infer_random_batches(run, c, 40);  // up to 1024 rows: products the other backend times
-  EXPECT_EQ(cuda.timed_product_groups(), 0u);
+  LargeLayerRun r({});
+  EXPECT_TRUE(r.run->warm_up_inference().empty());
+  infer_random_batches(*r.run, r.c, 40);  // up to 1024 rows: products the other backend times
+  EXPECT_EQ(r.cuda().timed_product_groups(), 0u);
 }
 
 // Without a usable GPU (CI's machines), the preparation is best effort: it ends quietly,
