@@ -70,11 +70,11 @@ void TrainingRun::logits_from_host(int batch, float* out) {
 
 void TrainingRun::run_infer_as(BufferSource& mem, const int32_t* ids, const int32_t* mask, const int32_t* types,
                                int batch, int seq, const ForwardOutputs& out, bool packed, int64_t tokens) {
-  // Small padded batches of logits alone replay a recording of their shape.
+  // Batches in the padded layout, of logits alone, replay a recording of their shape.
   StepGraphs* g = nullptr;
   StepMode mode = StepMode::Eager;
   if (!packed && infer_logits_host_.data && args_.cuda_graphs && !be_.dry_run && out.logits && !out.pooled &&
-      !out.last_hidden_state && int64_t(batch) * seq <= kInferGraphTokens) {
+      !out.last_hidden_state) {
     g = &infer_graphs_[{batch, seq}];
     mode = next_mode(*g, infer_recorded_shapes_, kMaxInferShapes);
   }

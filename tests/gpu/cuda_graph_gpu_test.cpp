@@ -176,8 +176,9 @@ TEST(CudaGraphShapes, ManyShapesWithEvaluationBetweenSteps) {
   EXPECT_EQ(run.replayed_steps(), 2 * 16);
 }
 
-// Small inference batches replay a recording of their shape from its second sighting: the
-// replays read each call's batch and give the logits an eager run gives, in every dtype.
+// Dense inference batches replay a recording of their shape from its second sighting: the
+// replays read each call's batch and give the logits an eager run gives, in every dtype, for
+// a small batch (256 tokens) and a larger one (2048).
 TEST(CudaGraphInference, ReplaysGiveTheEagerLogits) {
   std::string why;
   if (!cuda_available(&why)) GTEST_SKIP() << "no GPU: " << why;
@@ -192,24 +193,25 @@ TEST(CudaGraphInference, ReplaysGiveTheEagerLogits) {
       TrainingArguments a;
       a.bf16 = dtype == DType::BF16;
       a.cuda_graphs = graphs;
-      TrainingRun run(a, c, kSeq, *be, GradientMemory::Persistent, RunPhases{false, 4});
+      TrainingRun run(a, c, kSeq, *be, GradientMemory::Persistent, RunPhases{false, 32});
       run.write_weights(w.data());
       std::mt19937 g(5);
       std::vector<float> all;
-      for (int call = 0; call < 4; ++call) {
-        test::TaskBatch h = random_batch(g, 4, kSeq, c.vocab_size);
-        std::fill(h.mask.begin(), h.mask.end(), 1);  // dense: the padded path, which records
-        std::vector<float> logits(size_t(4 * c.num_labels));
-        run.infer(Batch{4, kSeq, h.ids.data(), h.mask.data(), h.types.data(), nullptr, {}}, {logits.data()});
-        all.insert(all.end(), logits.begin(), logits.end());
-      }
+      for (const int rows : {4, 32})
+        for (int call = 0; call < 4; ++call) {
+          test::TaskBatch h = random_batch(g, rows, kSeq, c.vocab_size);
+          std::fill(h.mask.begin(), h.mask.end(), 1);  // dense: the padded path, which records
+          std::vector<float> logits(size_t(rows * c.num_labels));
+          run.infer(Batch{rows, kSeq, h.ids.data(), h.mask.data(), h.types.data(), nullptr, {}}, {logits.data()});
+          all.insert(all.end(), logits.begin(), logits.end());
+        }
       *replayed = run.replayed_inferences();
       return all;
     };
     int64_t replayed = 0, eager_replayed = 0;
     const std::vector<float> replayed_logits = logits_of(true, &replayed);
     const std::vector<float> eager_logits = logits_of(false, &eager_replayed);
-    EXPECT_EQ(replayed, 2) << precision_name(dtype);  // eager, recorded, replayed, replayed
+    EXPECT_EQ(replayed, 4) << precision_name(dtype);  // per shape: eager, recorded, replayed, replayed
     EXPECT_EQ(eager_replayed, 0);
     EXPECT_EQ(replayed_logits, eager_logits) << precision_name(dtype);
   }
