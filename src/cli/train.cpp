@@ -143,8 +143,10 @@ int train_command(const TrainingArguments& requested) {
   timeline.mark("inputs");
   if (prepared.valid()) prepared.get();
   const ModelConfig& cfg = in.model.config;
-  const int64_t run_tokens = count_steps(a, in.train->size(), pg.world_size).num_train_samples * in.seq_len;
-  std::unique_ptr<Backend> backend = make_backend(a, false, gpu, times_products(run_tokens));
+  // The tokens this rank trains on: whether timing the products' candidates repays itself.
+  const int64_t rank_tokens =
+      count_steps(a, in.train->size(), pg.world_size).num_train_samples * in.seq_len / pg.world_size;
+  std::unique_ptr<Backend> backend = make_backend(a, false, gpu, times_products(rank_tokens));
   Backend& be = *backend;
   timeline.mark(be.device() == Device::CUDA ? "cuda_context" : "backend");
   const std::unique_ptr<Communicator> comm = make_communicator(be, pg);
