@@ -180,6 +180,10 @@ int main(int argc, char** argv) {
         precisions.push_back(arg);
       }
     }
+    if (draws > 1 && !lengths.empty()) {
+      fmt::print(stderr, "infer_bench: --draws draws the rows' lengths and --lengths gives them: not both\n");
+      return 2;
+    }
     if (precisions.empty()) precisions = {"bf16"};
     if (shapes.empty())
       shapes = {Shape2{64, 128, false}, Shape2{64, 512, false}, Shape2{64, 512, true}, Shape2{1, 128, false}};
