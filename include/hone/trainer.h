@@ -177,7 +177,7 @@ class TrainingRun {
   double last_grad_norm();  // before clipping, of the last optimizer step
   // Micro-steps and optimizer steps replayed from recordings (CUDA graphs) so far.
   int64_t replayed_steps() const { return replayed_; }
-  // Inference batches replayed from recordings (dense batches on a GPU).
+  // Inference batches replayed from recordings (on a GPU, those in the padded layout).
   int64_t replayed_inferences() const { return replayed_inferences_; }
 
  private:
@@ -234,8 +234,8 @@ class TrainingRun {
   // Eager on a shape's first sighting (which also lets the products time their algorithms),
   // recorded on its second while `recorded` < `cap`, replayed after.
   StepMode next_mode(StepGraphs& g, int& recorded, int cap = kMaxRecordedShapes);
-  // Dense inference batches (no padding; packed ones change their number of rows) replay
-  // recordings: up to kMaxInferShapes (batch, seq) shapes of them (a server sees many
+  // Inference batches in the padded layout (every batch without padding; packed ones change
+  // their number of rows) replay recordings: up to kMaxInferShapes (batch, seq) shapes of them (a server sees many
   // lengths). Small batches' launches would outlast their work; larger ones gain the gaps
   // between kernels (bert-large bf16 on an H200: 64 x 128 +4.4%, 64 x 512 +0.7%). The
   // recorded forward reads its logits into infer_logits_host_.
