@@ -288,6 +288,8 @@ class CudaBackend final : public Backend {
     bool heuristic_first;
   };
   std::map<std::array<int64_t, kLtKey>, TimedChoice> lt_timed_;
+  // Whether lt_matmul times the candidates of a product of `macs` multiply-adds (linear.cu).
+  bool times_candidates(bool half_operands, double macs) const;
 
   // attention.cu: BF16/F16 attention runs hone's flash kernels unless HONE_ATTENTION=cudnn
   // (read once, at construction); then cuDNN's handle and fused-attention plans, made on
