@@ -248,6 +248,43 @@ TEST_F(GpuLinearActivation, TheHopperGeluProductIsTheGeluPassBitForBit) {
   EXPECT_GT(outside, int64_t(p.size()) / 100) << "too few pre-activations outside the table to test the erff path";
 }
 
+// Every bf16 pre-activation, through the Hopper product's epilogue: x's rows are (1, 0, ..., 0)
+// and w's row j is (v_j, 0, ..., 0) for the 65536 bf16 bit patterns v_j, so that pre = v
+// (but zeros and subnormals), and each of its GELUs (computed, looked up or taken by erff, whichever path the
+// epilogue gives the value) must be the GPU's GELU pass's to the bit (NaNs as NaNs).
+TEST_F(GpuLinearActivation, TheHopperGeluProductIsTheGeluPassForEveryBf16Value) {
+  Backend& g = gpu();
+  const int64_t M = 256, K = 64, N = 65536;
+  if (!cuda::hopper_gelu_product_runs(DType::BF16, M, N, K, multiprocessors(), {}))
+    GTEST_SKIP() << "hone's Hopper GELU product does not run here (needs sm_90a machine code and an SM 9.0 GPU)";
+  std::vector<uint16_t> x(size_t(M * K), 0), w(size_t(N * K), 0);
+  for (int64_t i = 0; i < M; ++i) x[size_t(i * K)] = 0x3f80;  // 1.0
+  for (int64_t j = 0; j < N; ++j) w[size_t(j * K)] = uint16_t(j);
+  DeviceTensor gx(g, DType::BF16, Shape{M, K}), gw(g, DType::BF16, Shape{N, K});
+  gx.upload_bytes(x.data());
+  gw.upload_bytes(w.data());
+  DeviceTensor pre(g, DType::BF16, Shape{M, N}), fused(g, DType::BF16, Shape{M, N}), want(g, DType::BF16, Shape{M, N});
+  Tensor no_pre;
+  ops::linear_activation_forward(g, Activation::Gelu, gx.t, gw.t, nullptr, no_pre, fused.t);
+  ops::linear_forward(g, gx.t, gw.t, nullptr, pre.t);
+  g.activation_forward(Activation::Gelu, pre.t, want.t);
+  const std::vector<uint16_t> got = fused.bits(), expected = want.bits(), p = pre.bits();
+  auto is_nan = [](uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; };
+  int64_t wrong = 0, pre_wrong = 0;
+  std::string first;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const size_t at = size_t(i * N + j);
+      // Zeros sum to +0, and subnormals may be flushed: the rest are v itself.
+      const bool plain = (j & 0x7f80) != 0 && !is_nan(uint16_t(j));
+      pre_wrong += plain && p[at] != uint16_t(j);
+      const bool same = got[at] == expected[at] || (is_nan(got[at]) && is_nan(expected[at]));
+      if (!same && wrong++ == 0) first = fmt::format("pre {:#06x}: {:#06x}, the pass {:#06x}", j, got[at], expected[at]);
+    }
+  EXPECT_EQ(pre_wrong, 0) << "the product did not give pre = v";
+  EXPECT_EQ(wrong, 0) << "GELUs unlike the pass's, of " << M * N << "; the first: " << first;
+}
+
 // bert-large's feed-forward up-projection with the erf GELU at 16384 tokens, bf16, in
 // TFLOP/s: the op keeping pre (training) and without it (inference), each the Hopper
 // product where it runs (else cuBLASLt's product, then the GELU pass), and the product
