@@ -13,8 +13,8 @@
 // Measured on an H100 at bert-large's shape (16384 x 4096 x 1024, bf16): 0.242 ms (568
 // TFLOP/s), 0.25 writing pre too, against 0.289 for cuBLASLt's product and the GELU pass,
 // the product alone 0.188; with the identity in the GELU's place 0.201. On an H200, with a
-// thread's lookups issued together: 0.219 ms (628 TFLOP/s), 0.228 writing pre
-// (docs/design/fusions.md has what was tried).
+// thread's lookups issued together and addressed by byte offsets: 0.214 ms (643 TFLOP/s),
+// 0.222 writing pre, the product alone 0.189 (docs/design/fusions.md has what was tried).
 #include "cuda/hopper_gemm.h"
 
 #include <algorithm>
@@ -46,11 +46,18 @@ constexpr int kStagedRow = kTileN + 8;  // elements a staged output row takes: a
                                         // writes (8 rows, 4 lanes) fall in distinct banks
 // The GELU of a bf16 pre-activation is a function of its 16 bits. The kernel tabulates it
 // (computed with gelu() below, so the bits are the same) for magnitudes in [2^-24, 16) of
-// either sign, where nearly every input falls: 28 binades of 128 values. A lookup takes a
-// few instructions where erff takes about 30.
+// either sign, where nearly every input falls: 28 binades of 128 values. A lookup takes
+// about 8 instructions where erff takes about 30; the store loop issues them on one warp a
+// scheduler beside the other group's main loop, so each one counts (a GELU computed from a
+// polynomial and two MUFU operations, 20-odd instructions, ran slower).
 constexpr uint32_t kGeluTableLow = 103u << 7;  // the bits of 2^-24
 constexpr uint32_t kGeluTableSpan = 28u << 7;  // up to the bits of 2^4
-constexpr int kGeluTableEntries = 2 * kGeluTableSpan;  // positive, then negative
+// Entry layout: the positive values' GELUs from entry 0, the negative ones' from entry 4096
+// (byte 8192), in 16 KiB: a value's byte offset is then its magnitude's index times two,
+// or'ed with its sign moved to bit 13, and any offset the lookups form stays inside.
+constexpr uint32_t kGeluNegativeEntry = 4096;
+constexpr int kGeluTableEntries = 2 * kGeluNegativeEntry;
+static_assert(kGeluTableSpan <= kGeluNegativeEntry);
 static_assert(kTileM == kTileN, "x's and w's tiles share one TMA box");
 static_assert(kTileN == 128, "each consumer thread reads one column's bias");
 
@@ -68,9 +75,12 @@ struct Smem {
 // BERT's GELU, as the separate pass computes it (elementwise.cu).
 __device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 
-// The table's entry for bf16 bits u: its GELU's bits.
+// The table's entry e: the GELU's bits of the bf16 value it stands for (0 in the gaps past
+// each half's span, which no value in the table reads).
 [[maybe_unused]] __device__ __forceinline__ uint16_t gelu_table_entry(uint32_t e) {
-  const uint32_t u = (e < kGeluTableSpan ? 0u : 0x8000u) | (kGeluTableLow + e % kGeluTableSpan);
+  const uint32_t index = e % kGeluNegativeEntry;
+  if (index >= kGeluTableSpan) return 0;
+  const uint32_t u = (e < kGeluNegativeEntry ? 0u : 0x8000u) | (kGeluTableLow + index);
   return uint16_t(pack<__nv_bfloat16>(gelu(__uint_as_float(u << 16)), 0.0f));
 }
 
@@ -86,15 +96,28 @@ __device__ __forceinline__ uint32_t gelu2(uint32_t w) {
   return (w & 0x7fffu) - kGeluTableLow < kGeluTableSpan && ((w >> 16) & 0x7fffu) - kGeluTableLow < kGeluTableSpan;
 }
 
-// The table's GELUs of both bf16 halves of w, their indices clamped into it: right where
-// in_gelu_table(w), and read from the table either way, without a branch, so that a thread's
-// lookups are all in flight at once. (Taken pair by pair behind a branch, each pair's loads
-// waited for the pair before.)
-[[maybe_unused]] __device__ __forceinline__ uint32_t gelu2_table(uint32_t w, const uint16_t* table) {
-  const uint32_t lo = min((w & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
-  const uint32_t hi = min(((w >> 16) & 0x7fffu) - kGeluTableLow, kGeluTableSpan - 1);
-  return uint32_t(table[lo + ((w >> 15) & 1u) * kGeluTableSpan]) |
-         uint32_t(table[hi + (w >> 31) * kGeluTableSpan]) << 16;
+// Both bf16 halves of w less the table's lowest magnitude, in one subtraction: each half
+// of the result is its value's index in the table wherever in_gelu_table(w) (no borrow
+// crosses the halves then).
+[[maybe_unused]] __device__ __forceinline__ uint32_t table_indices(uint32_t w) { return w - (kGeluTableLow * 0x10001u); }
+
+// The table's GELUs of both bf16 halves of w, from t = table_indices(w): right where
+// in_gelu_table(w), and read from the table either way (the offsets masked into its 16 KiB),
+// without a branch, so that a thread's lookups are all in flight at once. (Taken pair by
+// pair behind a branch, each pair's loads waited for the pair before.)
+[[maybe_unused]] __device__ __forceinline__ uint32_t gelu2_table(uint32_t w, uint32_t t, const unsigned char* table) {
+  const uint32_t lo = ((t << 1) & 0x1ffeu) | ((w >> 2) & 0x2000u);
+  const uint32_t hi = ((t >> 15) & 0x1ffeu) | ((w >> 18) & 0x2000u);
+  return uint32_t(*reinterpret_cast<const uint16_t*>(table + lo)) |
+         uint32_t(*reinterpret_cast<const uint16_t*>(table + hi)) << 16;
+}
+
+// Nonzero in bit 15 or 31 where a half of w lies outside the table, from t =
+// table_indices(w): a half's magnitude index (its low 15 bits; a magnitude under the table
+// wraps to 0x4c80 or more) plus 0x8000 - kGeluTableSpan carries into its top bit exactly when
+// it is kGeluTableSpan or more. Or'ed over many words, one test covers them all.
+[[maybe_unused]] __device__ __forceinline__ uint32_t outside_gelu_table(uint32_t t) {
+  return (t & 0x7fff7fffu) + (0x8000u - kGeluTableSpan) * 0x10001u;
 }
 
 // The GELUs of kPieces x 8 staged pre-activations, packed as they are, in place: independent
@@ -102,22 +125,23 @@ __device__ __forceinline__ uint32_t gelu2(uint32_t w) {
 // looks every pair up, then computes the few pairs outside the table (zeros, tiny values,
 // |x| >= 16, infinities, NaN).
 template <typename T, int kPieces>
-__device__ __forceinline__ void gelu_pieces(int4 (&v)[kPieces], const uint16_t* table) {
+__device__ __forceinline__ void gelu_pieces(int4 (&v)[kPieces], const unsigned char* table) {
   uint32_t w[kPieces][4], g[kPieces][4];
 #pragma unroll
   for (int p = 0; p < kPieces; ++p) {
     w[p][0] = uint32_t(v[p].x), w[p][1] = uint32_t(v[p].y), w[p][2] = uint32_t(v[p].z), w[p][3] = uint32_t(v[p].w);
   }
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    bool all_in_table = true;
+    uint32_t outside = 0;
 #pragma unroll
     for (int p = 0; p < kPieces; ++p)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        g[p][i] = gelu2_table(w[p][i], table);
-        all_in_table = all_in_table && in_gelu_table(w[p][i]);
+        const uint32_t t = table_indices(w[p][i]);
+        g[p][i] = gelu2_table(w[p][i], t, table);
+        outside |= outside_gelu_table(t);
       }
-    if (!all_in_table)
+    if (outside & 0x80008000u)
 #pragma unroll
       for (int p = 0; p < kPieces; ++p)
 #pragma unroll
@@ -139,7 +163,7 @@ __device__ __forceinline__ void gelu_pieces(int4 (&v)[kPieces], const uint16_t* 
 // staging. Here, after the accumulators are dead, the erfs (fp16, and bf16 outside the
 // table) have the registers to run side by side.
 template <typename T>
-__device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* staged, const uint16_t* table, int m0, int n0,
+__device__ __forceinline__ void write_staged_gelu(T* out, T* pre, const T* staged, const unsigned char* table, int m0, int n0,
                                                   int m, int n, int bar) {
   named_barrier(bar, 128);  // the fragments are staged
   // bf16: four pieces (32 lookups) in flight, 0.233-0.234 ms against two's 0.237-0.238 (H200,
@@ -214,9 +238,10 @@ __global__ void __launch_bounds__(kProductThreads, 1)
   }
 
   registers_increase<kConsumerRegisters>();
-  uint16_t* table = reinterpret_cast<uint16_t*>(smem + Smem::kTable);
+  unsigned char* table = smem + Smem::kTable;
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // while the producer's first loads land
-    for (int e = threadIdx.x; e < kGeluTableEntries; e += 128 * kConsumers) table[e] = gelu_table_entry(e);
+    for (int e = threadIdx.x; e < kGeluTableEntries; e += 128 * kConsumers)
+      reinterpret_cast<uint16_t*>(table)[e] = gelu_table_entry(e);
     named_barrier(5, 128 * kConsumers);
   }
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
