@@ -249,9 +249,9 @@ TEST_F(GpuLinearActivation, TheHopperGeluProductIsTheGeluPassBitForBit) {
 }
 
 // Every bf16 pre-activation, through the Hopper product's epilogue: x's rows are (1, 0, ..., 0)
-// and w's row j is (v_j, 0, ..., 0) for the 65536 bf16 bit patterns v_j, so that pre = v
-// (but zeros and subnormals), and each of its GELUs (computed, looked up or taken by erff, whichever path the
-// epilogue gives the value) must be the GPU's GELU pass's to the bit (NaNs as NaNs).
+// and w's row j is (v_j, 0, ..., 0) for the 65536 bf16 bit patterns v_j, so that pre = v (but
+// zeros and subnormals), and each GELU (looked up in the table, or by erff outside it) must be
+// the GPU's GELU pass's to the bit (NaNs as NaNs).
 TEST_F(GpuLinearActivation, TheHopperGeluProductIsTheGeluPassForEveryBf16Value) {
   Backend& g = gpu();
   const int64_t M = 256, K = 64, N = 65536;
