@@ -80,7 +80,9 @@ struct Smem {
   static constexpr size_t kV = kK + size_t(kStages) * kTileBytes;
   static constexpr size_t kBias = kV + size_t(kStages) * kTileBytes;   // [kStages][kKeys] F32
   static constexpr size_t kBits = kBias + size_t(kStages) * kKeys * 4;  // [kStages][kRows][4] U32
-  static constexpr size_t kBars = kBits + size_t(kStages) * kRows * 16;  // mbarriers
+  static constexpr size_t kPlain = kBits + size_t(kStages) * kRows * 16;  // [kStages] I32: every key's bias is 0
+  static constexpr size_t kBars = kPlain + 16;                              // mbarriers
+  static_assert(kStages * 4 <= 16);
   static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 + 2 * kStages) * 8);
   static constexpr size_t kLengths = kOrder.end;  // I32 [kMaskLengthsBatch]: key lengths from the mask
   static constexpr size_t kBytes = kLengths + 4 * kMaskLengthsBatch + 1024;  // + alignment slack
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   unsigned char* sK = smem + L::kK;
   unsigned char* sV = smem + L::kV;
   float* sBias = reinterpret_cast<float*>(smem + L::kBias);
+  int32_t* sPlain = reinterpret_cast<int32_t*>(smem + L::kPlain);
   const uint4* sBits = reinterpret_cast<const uint4*>(smem + L::kBits);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* q_full = bars;          // Q landed (TMA bytes)
@@ -176,10 +179,15 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
         const int stage = kv_iter % kStages;
         mbar_wait(kv_empty + stage, ((kv_iter / kStages) & 1) ^ 1);
+        bool plain = true;
         for (int i = lane; i < kKeys; i += 32) {
           const int key = kb * kKeys + i;
-          sBias[stage * kKeys + i] = key_bias(mask_row, key, rows.len);
+          const float bias = key_bias(mask_row, key, rows.len);
+          sBias[stage * kKeys + i] = bias;
+          plain = plain && bias == 0.0f;
         }
+        plain = __all_sync(0xffffffffu, plain);
+        if (lane == 0) sPlain[stage] = plain;
         if (lane == 0) {
           mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
           for (int p = 0; p < Tile::kPanels; ++p) {
@@ -263,16 +271,31 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
 
       // This warp's 16 rows against the block's keys (the test per element is per warp).
       const bool edge = crosses_window(a.window, warp_row0, warp_row0 + 15, kb * kKeys, kb * kKeys + kKeys - 1);
-      float tile_max[2] = {row_max[0], row_max[1]};
+      // In a plain block (every key's bias 0, off a window's edge: all but a sequence's last)
+      // the maximum is taken over the raw scores and scaled after (the scale is positive and
+      // rounding monotonic, so it is the scaled scores' maximum), and each exp2's argument below
+      // is one FFMA of the raw score: the scaling leaves the path from S to the exp2s, and 64
+      // instructions a block leave each thread. Elsewhere the scores are scaled and biased
+      // first (score_scale 1: the same bits as before).
+      const bool plain = sPlain[stage] != 0 && !edge;
+      const float score_scale = plain ? a.scale_log2 : 1.0f;
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      if (plain) {
 #pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt) {
-        const float2 kbias = *reinterpret_cast<const float2*>(bias + nt * 8 + 2 * t);
+        for (int i = 0; i < 64; ++i) tile_max[(i >> 1) & 1] = fmaxf(tile_max[(i >> 1) & 1], s[i]);
+      } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[4 * nt + e] = fmaf(s[4 * nt + e], a.scale_log2, e & 1 ? kbias.y : kbias.x);
-        if (edge) window_tile(s + 4 * nt, a.window, q_row0, kb * kKeys + nt * 8 + 2 * t);
+        for (int nt = 0; nt < kKeys / 8; ++nt) {
+          const float2 kbias = *reinterpret_cast<const float2*>(bias + nt * 8 + 2 * t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[4 * nt + e]);
+          for (int e = 0; e < 4; ++e) s[4 * nt + e] = fmaf(s[4 * nt + e], a.scale_log2, e & 1 ? kbias.y : kbias.x);
+          if (edge) window_tile(s + 4 * nt, a.window, q_row0, kb * kKeys + nt * 8 + 2 * t);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[4 * nt + e]);
+        }
       }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) tile_max[r] = fmaxf(row_max[r], tile_max[r] * score_scale);
       float rescale[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -282,10 +305,10 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         row_max[r] = tile_max[r];
         row_sum[r] *= rescale[r];
       }
-      const float sub[2] = {finite_max(row_max[0]), finite_max(row_max[1])};
+      const float neg_sub[2] = {-finite_max(row_max[0]), -finite_max(row_max[1])};
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        s[i] = exp2_approx(s[i] - sub[(i >> 1) & 1]);
+        s[i] = exp2_approx(fmaf(s[i], score_scale, neg_sub[(i >> 1) & 1]));
         row_sum[(i >> 1) & 1] += s[i];
       }
 #pragma unroll
