@@ -671,6 +671,29 @@ TEST(TrainerLoop, StepCountsFollowTrainer) {
   EXPECT_EQ(s.num_train_samples, 35);
 }
 
+// Only runs of 2^23 tokens a rank or more time their products' candidates.
+TEST(TrainerLoop, OnlyLongRunsTimeTheirProducts) {
+  TrainingArguments a;
+  a.per_device_train_batch_size = 4;
+  a.num_train_epochs = 1;
+  EXPECT_FALSE(times_products(a, 512, 512));  // the seed: 262,144 tokens
+  a.per_device_train_batch_size = 32;
+  EXPECT_FALSE(times_products(a, 4096, 512));       // 2^21 tokens
+  EXPECT_TRUE(times_products(a, 16384, 512));       // 2^23 exactly
+  EXPECT_FALSE(times_products(a, 16383, 512));      // one sample fewer
+  EXPECT_FALSE(times_products(a, 16384, 512, 2));   // each of two ranks trains on half
+  a.num_train_epochs = 4;
+  EXPECT_TRUE(times_products(a, 4096, 512));        // four epochs of 2^21
+  EXPECT_TRUE(times_products(a, 8192, 512, 2));     // 2^23 a rank
+  a.max_steps = 511;                                // max_steps counts over epochs: 511 x 32 samples
+  EXPECT_FALSE(times_products(a, 4096, 512));
+  a.max_steps = 512;
+  EXPECT_TRUE(times_products(a, 4096, 512));
+  a.max_steps = -1;
+  a.num_train_epochs = 1;
+  EXPECT_FALSE(times_products(a, 16384, 128));      // short sequences: 2^21 tokens
+}
+
 // Two micro-batches of 2 with grad_scale 1/2 give the gradients of one batch of 4.
 TEST(TrainerLoop, GradientAccumulationAveragesLikeOneBigBatch) {
   CpuBackend be;

@@ -14,7 +14,7 @@ struct CudaOptions {
   // on first use and keep the fastest; otherwise each takes the heuristic's first. Timing
   // loads every candidate's kernel, 0.1 s of a bert-large run, and gained 0.6% of a batch-32
   // step, nothing at batch 4 or in inference (H200, docs/BENCHMARKS.md): worth it only to
-  // runs long enough (cli::times_products) and to a server's warm-up, before it answers.
+  // runs long enough (times_products, hone/trainer.h) and to a server's warm-up, before it answers.
   bool time_products = false;
 };
 

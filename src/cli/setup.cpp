@@ -21,8 +21,6 @@ std::future<void> prepare_gpu(const TrainingArguments& a, int device, PreparedWo
   return std::async(std::launch::async, prepare_cuda, device, compute_dtype(a), a.tf32, work);
 }
 
-bool times_products(int64_t tokens) { return tokens >= kTimedRunTokens; }
-
 std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only, int device, bool time_products) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   std::string why;

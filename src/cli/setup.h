@@ -19,12 +19,6 @@ namespace hone::cli {
 // device: the GPU's index (a rank's local rank). time_products: CudaOptions::time_products.
 std::unique_ptr<Backend> make_backend(const TrainingArguments& a, bool plan_only = false, int device = 0,
                                       bool time_products = false);
-// Whether a training run of `tokens` (its samples times their length) times its products'
-// candidates: timing cost bert-large 0.1 s a process and saved 0.45 ms a batch-32 step of
-// 16,384 tokens, nothing at batch 4 (H200), so it pays from about 3.6 M tokens; past
-// kTimedRunTokens it is worth a few tenths of a percent.
-constexpr int64_t kTimedRunTokens = int64_t(1) << 23;
-bool times_products(int64_t tokens);
 // Whether make_backend will take a GPU.
 bool wants_gpu(const TrainingArguments& a);
 // When make_backend will take GPU `device`: prepare_cuda (hone/cuda.h) on another thread,

@@ -143,10 +143,8 @@ int train_command(const TrainingArguments& requested) {
   timeline.mark("inputs");
   if (prepared.valid()) prepared.get();
   const ModelConfig& cfg = in.model.config;
-  // The tokens this rank trains on: whether timing the products' candidates repays itself.
-  const int64_t rank_tokens =
-      count_steps(a, in.train->size(), pg.world_size).num_train_samples * in.seq_len / pg.world_size;
-  std::unique_ptr<Backend> backend = make_backend(a, false, gpu, times_products(rank_tokens));
+  std::unique_ptr<Backend> backend =
+      make_backend(a, false, gpu, times_products(a, in.train->size(), in.seq_len, pg.world_size));
   Backend& be = *backend;
   timeline.mark(be.device() == Device::CUDA ? "cuda_context" : "backend");
   const std::unique_ptr<Communicator> comm = make_communicator(be, pg);

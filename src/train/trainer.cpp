@@ -47,6 +47,10 @@ StepCounts count_steps(const TrainingArguments& a, int64_t n, int world_size) {
   return s;
 }
 
+bool times_products(const TrainingArguments& a, int64_t n, int64_t seq_len, int world_size) {
+  return count_steps(a, n, world_size).num_train_samples * seq_len / world_size >= kTimedRunTokens;
+}
+
 // ---------------------------------------------------------------- TrainingRun
 
 GradientMemory gradient_memory_for(const TrainingArguments& a) {
