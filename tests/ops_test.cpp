@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -1638,8 +1639,11 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
   // without weight decay its parameters too.
   // The second moments span 2^-100 .. 2^50 and the steps give bias corrections from
   // 0.04 to near 1, so that sqrt(v) / bias2_sqrt (a product in double there) meets many
-  // quotients and binades.
+  // quotients and binades. The thread counts split the three pages every way a thread's
+  // walk over the two halves of its range can go (none, one, two or three pages a thread).
   const int n = 3003;
+  const int threads_before = omp_get_max_threads();
+  for (const int threads : {1, 2, 3, 5})
   for (const int64_t step : {int64_t(2), int64_t(4), int64_t(1000)})
   for (const double wd : {0.01, 0.0})
   for (DType half_type : {DType::F32, DType::BF16, DType::F16}) {
@@ -1648,6 +1652,7 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
     for (int i = 1024; i < 2048; ++i) g.f()[i] = m.f()[i] = v.f()[i] = 0.0f;
     g.f()[7] = std::numeric_limits<float>::quiet_NaN();
     const std::vector<float> p0(p.f(), p.f() + n), g0(g.f(), g.f() + n), m0(m.f(), m.f() + n), v0(v.f(), v.f() + n);
+    omp_set_num_threads(threads);
     // The rounded copy 16-byte aligned, or (step 4) 2 bytes past it, as a slice of a larger one may lie.
     std::vector<uint16_t> buffer(n + 8, 0);
     uint16_t* half = buffer.data() + (step == 4 ? 1 : 0);
@@ -1665,7 +1670,7 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
       pi -= k.step_size * (mi / (std::sqrt(vi) / k.bias2_sqrt + k.eps));
       const auto bits = [](float x) { uint32_t b; std::memcpy(&b, &x, 4); return b; };
       ASSERT_EQ(bits(p.f()[i]), bits(pi)) << dtype_name(half_type) << " weight decay " << wd << " step " << step
-                                          << " " << i;
+                                          << " threads " << threads << " " << i;
       ASSERT_EQ(bits(m.f()[i]), bits(mi)) << i;
       ASSERT_EQ(bits(v.f()[i]), bits(vi)) << i;
       if (half_type == DType::BF16) {
@@ -1676,6 +1681,7 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
     }
     EXPECT_TRUE(std::isnan(p.f()[7]));
   }
+  omp_set_num_threads(threads_before);
 }
 
 // ---------------------------------------------------------------------------- dry run

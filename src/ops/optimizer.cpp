@@ -245,8 +245,7 @@ void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp,
   // would have (m / denom is +-0: only the decay), to the bit. A non-finite clip factor
   // (a NaN norm) reaches every element, as before.
   constexpr int64_t kBlock = 1024;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < n; b += kBlock) {
+  const auto update_block = [&](int64_t b) {
     const int64_t e = std::min(n, b + kBlock);
     // A page read before it is written costs the kernel two faults: the first step reads
     // no moments, and the check reads them only behind a zero gradient.
@@ -257,14 +256,29 @@ void adamw_slice(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp,
       else
         adamw_range<kind, false>(pp, mp, vp, gp, halves, b, e, clip, decay, k);
       if constexpr (kind != HalfCopy::None) stream_halves(hp + b, halves, e - b);
-      continue;
+      return;
     }
-    if (decay == 1.0f && kind == HalfCopy::None) continue;  // nothing changes
+    if (decay == 1.0f && kind == HalfCopy::None) return;  // nothing changes
     for (int64_t i = b; i < e; ++i) {
       const float p = pp[i] * decay;
       pp[i] = p;
       if constexpr (kind == HalfCopy::BF16) hp[i] = round_bf16(p);
       if constexpr (kind == HalfCopy::F16) hp[i] = float_to_f16(p);
+    }
+  };
+  // Each thread takes a contiguous range of blocks (as a static schedule would) and walks its
+  // two halves in turn, a block of each: eight streams of memory in flight rather than four,
+  // which one core's prefetching keeps fuller (20M parameters on one core of an AMD EPYC VM:
+  // 10.4-11.2 ms against 11.7-12.5 walking the range in order; four halves were slower).
+  // Every element's update is its own, so the order changes no bits.
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = blocks * t / nt, hi = blocks * (t + 1) / nt, half = (hi - lo + 1) / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      update_block((lo + i) * kBlock);
+      if (lo + half + i < hi) update_block((lo + half + i) * kBlock);
     }
   }
 }
