@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
           plain = plain && bias == 0.0f;
         }
         plain = __all_sync(0xffffffffu, plain);
-        if (lane == 0) sPlain[stage] = plain;
         if (lane == 0) {
+          sPlain[stage] = plain;
           mbar_arrive_expect_tx(kv_full + stage, 2 * kTileBytes + (dropping ? kRows * 16 : 0));
           for (int p = 0; p < Tile::kPanels; ++p) {
             const int col = h * D + p * Tile::kCols;
