@@ -68,6 +68,14 @@ __device__ __forceinline__ int forward_work(const ForwardArgs& a, const int32_t*
   return (walk.hi - walk.lo) * 4 + min(kRows / 64, (queries - qt * kRows + 63) / 64);
 }
 
+// What the consumers need of a tile, written by the producer beside its Q (bh < 0: no tile
+// more), so that the consumers' tile start does no divisions and no global loads of their own.
+struct TileInfo {
+  int64_t first;  // SequenceRows::first
+  int bh, h, qt, queries, lo, hi;
+};
+static_assert(sizeof(TileInfo) == 32);
+
 template <int D, int kRows>
 struct Smem {
   using Tile = HeadTile<D, kKeys>;
@@ -81,7 +89,8 @@ struct Smem {
   static constexpr size_t kBias = kV + size_t(kStages) * kTileBytes;   // [kStages][kKeys] F32
   static constexpr size_t kBits = kBias + size_t(kStages) * kKeys * 4;  // [kStages][kRows][4] U32
   static constexpr size_t kPlain = kBits + size_t(kStages) * kRows * 16;  // [kStages] I32: every key's bias is 0
-  static constexpr size_t kBars = kPlain + 16;                              // mbarriers
+  static constexpr size_t kTile = kPlain + 16;  // TileInfo of the tile whose Q is in the Q buffer
+  static constexpr size_t kBars = kTile + 32;   // mbarriers
   static_assert(kStages * 4 <= 16);
   static constexpr TileOrderSmem kOrder = TileOrderSmem::at(kBars + (2 + 2 * kStages) * 8);
   static constexpr size_t kLengths = kOrder.end;  // I32 [kMaskLengthsBatch]: key lengths from the mask
@@ -108,6 +117,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   unsigned char* sV = smem + L::kV;
   float* sBias = reinterpret_cast<float*>(smem + L::kBias);
   int32_t* sPlain = reinterpret_cast<int32_t*>(smem + L::kPlain);
+  TileInfo* sTile = reinterpret_cast<TileInfo*>(smem + L::kTile);
   const uint4* sBits = reinterpret_cast<const uint4*>(smem + L::kBits);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
   uint64_t* q_full = bars;          // Q landed (TMA bytes)
@@ -172,6 +182,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
       mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
       if (lane == 0) {
+        *sTile = TileInfo{rows.first, bh, h, qt, query_rows(a, rows), walk.lo, walk.hi};
         mbar_arrive_expect_tx(q_full, QTile::kBytes);
         for (int p = 0; p < QTile::kPanels; ++p)
           tma_load_2d(sQ + p * QTile::kPanelBytes, &q_map, h * D + p * QTile::kCols, row0 + qt * kRows, q_full);
@@ -205,6 +216,11 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
         }
       }
     }
+    mbar_wait(q_empty, (q_iter & 1) ^ 1);  // the last tile's Q is taken: say there is no tile more
+    if (lane == 0) {
+      sTile->bh = -1;
+      mbar_arrive(q_full);
+    }
     return;
   }
 
@@ -212,25 +228,39 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
   // A consumer: warpgroup wg, its warp wq holds rows 16 wq .. 16 wq + 15 of the group's 64.
   const int wg = warp / 4, wq = warp % 4, g = lane >> 2, t = lane & 3;
   int kv_iter = 0, q_iter = 0;
-  for (int k = 0;; ++k) {
-    const TileCoords tc = cta_tile(tile_order(), k, n.tiles, n.blocks, a.heads, n.bh_pairs, packed);
-    if (tc.bh < 0) break;
-    const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
-    const SequenceRows rows = sequence_rows(a.row_start, key_lengths, b, S, a.window);
-    const int queries = query_rows(a, rows);
-    if (qt * kRows >= queries) continue;
-    const BlockRange walk = key_walk<kRows>(a, rows, qt);
+  // The groups take turns at every key block: group wg issues its S = Q K^T once group
+  // wg - 1 has its own S of the block back (is in its softmax), so that one group's exp2s
+  // run beside another's products rather than every group's at once. Named barrier 1 + wg:
+  // the group before arrives, group wg waits. Every group takes a turn at every block of
+  // every tile (a group without rows too), so the turns balance; group 0's first turn needs
+  // no wait, and the last group's last hand-over is taken up after the loop.
+  int turns = 0;
+  const auto take_turn = [&] {
+    if (wg != 0 || turns > 0) named_barrier(1 + wg, 256);
+    ++turns;
+  };
+  const auto pass_turn = [&] { named_barrier_arrive(1 + (wg + 1) % kConsumers, 256); };
+  for (;;) {
+    mbar_wait(q_full, q_iter++ & 1);
+    const TileInfo tile = *sTile;
+    if (tile.bh < 0) {
+      if (wg == 0 && turns > 0) named_barrier(1, 256);
+      break;
+    }
+    const int bh = tile.bh, qt = tile.qt, h = tile.h, queries = tile.queries;
+    const BlockRange walk{tile.lo, tile.hi};
     const int row_in_tile = wg * 64 + wq * 16;
     const int warp_row0 = qt * kRows + row_in_tile;
     const int q_row0 = warp_row0 + g;  // this lane's rows: q_row0 and q_row0 + 8
 
-    mbar_wait(q_full, q_iter++ & 1);
     if (qt * kRows + wg * 64 >= queries) {  // every row of the group is past those written: hand the stages on
       __syncwarp();
       if (lane == 0) mbar_arrive(q_empty);
       for (int kb = walk.lo; kb < walk.hi; ++kb, ++kv_iter) {
         const int stage = kv_iter % kStages;
         mbar_wait(kv_full + stage, (kv_iter / kStages) & 1);  // the stage's previous phase is over
+        take_turn();
+        pass_turn();
         __syncwarp();
         if (lane == 0) mbar_arrive(kv_empty + stage);
       }
@@ -262,12 +292,14 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       const float* bias = sBias + stage * kKeys;
 
       float s[64];  // S = Q K^T: 16 accumulator tiles of 8 keys, s[4 nt + e]
+      take_turn();
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) wgmma_m64n128k16_rs<T>(s, qf[kk], Tile::k_major(k_s, 0, kk), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(s);
+      pass_turn();
 
       // This warp's 16 rows against the block's keys (the test per element is per warp).
       const bool edge = crosses_window(a.window, warp_row0, warp_row0 + 15, kb * kKeys, kb * kKeys + kKeys - 1);
@@ -362,7 +394,7 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       if (q_row1 < queries) a.stats[int64_t(bh) * S + q_row1] = make_float2(row_max[1], inv[1]);
     }
     const float s0 = inv[0] * a.keep_scale, s1 = inv[1] * a.keep_scale;
-    T* ctx = static_cast<T*>(a.ctx) + rows.first * H + h * D + 2 * t;
+    T* ctx = static_cast<T*>(a.ctx) + tile.first * H + h * D + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       if (q_row0 < queries)
