@@ -12,7 +12,7 @@
 //   dQ_part = dS K over its 64 keys (dS^T through shared memory),
 // and both write their parts to shared memory, where the producer warpgroup's other three
 // warps add them and reduce the sum into the F32 accumulator with vector reductions
-// (reduce_dq_parts; at head size 128, after dV and dK's products, each warpgroup takes 64 of
+// (reduce_dq_parts; at head size 128, ahead of dV and dK's products, each warpgroup takes 64 of
 // dQ's columns over all the tile's keys, reading both dS^T, and reduces them itself).
 // Dropout reads the keep bits drawn beforehand (keep_bits_kernel) through the query stages.
 // Padded queries are computed (P = 0 past the sequence; a packed sequence has none, and its
@@ -377,6 +377,21 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
 
+    // This warp's K and V fragments (head sizes 32 and 64): read before the tile's first
+    // block and again while each block's last products run, for the next. Kept across the
+    // whole loop they would be 32 registers more than the consumers have in the
+    // elementwise pass; read at each block's start, the products waited for them.
+    uint32_t kf[D / 16][4], vf[D / 16][4];
+    const auto load_key_fragments = [&] {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int r = row_in_tile + (lane & 15), c = kk * 2 + (lane >> 4);
+        ldmatrix_x4(kf[kk], k_s + KeyTile::chunk(r, c));
+        ldmatrix_x4(vf[kk], v_s + KeyTile::chunk(r, c));
+      }
+    };
+    if constexpr (!L::kWide) load_key_fragments();
+
     const BlockRange walk = query_walk(a, rows, key0);
     for (int qb = walk.lo; qb < walk.hi; ++qb, ++q_iter) {
       const int stage = q_iter % kStages;
@@ -402,15 +417,6 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
         wgmma_commit();
         wgmma_wait<0>();
       } else {
-        // This warp's K and V fragments, read again per block: kept across the loop, they
-        // would be 32 registers more than the consumers have.
-        uint32_t kf[D / 16][4], vf[D / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const int r = row_in_tile + (lane & 15), c = kk * 2 + (lane >> 4);
-          ldmatrix_x4(kf[kk], k_s + KeyTile::chunk(r, c));
-          ldmatrix_x4(vf[kk], v_s + KeyTile::chunk(r, c));
-        }
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
@@ -463,42 +469,45 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
       fence_registers(dv);
       fence_registers(dk);
       wgmma_fence();
+      const auto issue_dv_dk = [&] {
 #pragma unroll
-      for (int qc = 0; qc < kQueries / 16; ++qc)
+        for (int qc = 0; qc < kQueries / 16; ++qc)
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          wgmma_panel_rs<T, kCols, true>(dv + p * kCols / 2, pa[qc], QueryTile::mn_major(o_s, p, qc * 16), true);
+          for (int p = 0; p < kPanels; ++p)
+            wgmma_panel_rs<T, kCols, true>(dv + p * kCols / 2, pa[qc], QueryTile::mn_major(o_s, p, qc * 16), true);
 #pragma unroll
-      for (int qc = 0; qc < kQueries / 16; ++qc)
+        for (int qc = 0; qc < kQueries / 16; ++qc)
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p)
-          wgmma_panel_rs<T, kCols, true>(dk + p * kCols / 2, da[qc], QueryTile::mn_major(q_s, p, qc * 16), true);
-      // Wide, warpgroup wg takes dQ's panel wg (64 columns) over all 128 keys of the tile,
-      // from both warpgroups' dS^T: one reduction per element and tile, and 32 accumulators.
-      // Either way dQ's product is issued behind dV and dK's.
-      float dq[L::kWide ? 32 : D / 2];
+          for (int p = 0; p < kPanels; ++p)
+            wgmma_panel_rs<T, kCols, true>(dk + p * kCols / 2, da[qc], QueryTile::mn_major(q_s, p, qc * 16), true);
+      };
+      const auto fence_dv_dk = [&] {  // after the wait for dV and dK's products
+        fence_registers(pa);
+        fence_registers(da);
+        fence_registers(dv);
+        fence_registers(dk);
+      };
+      const auto release_stage = [&] {  // dV and dK's products read its Q and dO
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty + stage);
+      };
       if constexpr (L::kWide) {
+        // Warpgroup wg takes dQ's panel wg (64 columns) over all 128 keys of the tile, from
+        // both warpgroups' dS^T: one reduction per element and tile, and 32 accumulators.
+        // Its product goes first, a group of its own, so that its reductions are issued
+        // while dV and dK's products run: 7% at head size 128 (A/B on an H200, 2026-11-30);
+        // the same order at head sizes 32 and 64 gained nothing beside the early K and V.
+        float dq[32];
 #pragma unroll
         for (int kc = 0; kc < kKeys / 16; ++kc) {
           const unsigned char* ds = sDS + (2 * (kc / 4) + (q_iter & 1)) * kDsBytes + (kc % 4) * 16 * 128;
           wgmma_m64n64k16_ss<T, true, true>(dq, smem_descriptor(ds), KeyTile::mn_major(k_s, wg, kc * 16), kc > 0);
         }
-      } else {
-#pragma unroll
-        for (int kc = 0; kc < 64 / 16; ++kc)
-          wgmma_panel_ss<T, kCols, true, true>(dq, smem_descriptor(ds_s + kc * 16 * 128),
-                                               KeyTile::mn_major(k_s, 0, wg * 64 + kc * 16), kc > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(pa);
-      fence_registers(da);
-      fence_registers(dv);
-      fence_registers(dk);
-      fence_registers(dq);
-      if constexpr (L::kWide) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(q_empty + stage);
+        wgmma_commit();
+        issue_dv_dk();
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_registers(dq);
         // Adds dq, columns 64 wg .. 64 wg + 63, to the F32 accumulator: a row's reductions
         // from one address and its offsets. With the row test and the address computed per
         // reduction, each address register waited for the previous reduction to read it.
@@ -512,7 +521,23 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
 #pragma unroll
           for (int dt = 0; dt < 8; ++dt) red_add_f32x2(acc + int64_t(qz) * H + dt * 8, dq[4 * dt + 2], dq[4 * dt + 3]);
         }
+        wgmma_wait<0>();
+        fence_dv_dk();
+        release_stage();
       } else {
+        // dQ_part = dS K over the group's 64 keys, issued behind dV and dK's; the next
+        // block's K and V fragments are read while the three run.
+        float dq[D / 2];
+        issue_dv_dk();
+#pragma unroll
+        for (int kc = 0; kc < 64 / 16; ++kc)
+          wgmma_panel_ss<T, kCols, true, true>(dq, smem_descriptor(ds_s + kc * 16 * 128),
+                                               KeyTile::mn_major(k_s, 0, wg * 64 + kc * 16), kc > 0);
+        wgmma_commit();
+        if (qb + 1 < walk.hi) load_key_fragments();
+        wgmma_wait<0>();
+        fence_dv_dk();
+        fence_registers(dq);
         // Both warpgroups' dQ parts are of the same 64 queries (over their own keys), in the
         // same fragment layout: each writes its part to shared memory, and the producer
         // warpgroup's three other warps add the two and reduce the sum into the F32
@@ -529,8 +554,7 @@ __global__ void __launch_bounds__(kThreadsBwd, 1)
           *reinterpret_cast<float2*>(part + off + 8 * D * 4) = make_float2(dq[4 * dt + 2], dq[4 * dt + 3]);
         }
         mbar_arrive(parts_full + stage);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(q_empty + stage);
+        release_stage();
       }
     }
     __syncwarp();
