@@ -4,8 +4,9 @@
 // producer warpgroup (one warp of it works; the group gives its registers to the consumers).
 // The producer streams each tile's Q (64 rows a consumer) and its key blocks (K and V, 128
 // keys) through TMA into a ring of swizzled shared memory stages (HeadTile), with the key
-// block's mask bias beside them, and mbarriers hand stages back and forth. Each consumer
-// warpgroup owns 64 query rows: it keeps its Q fragments in registers and per key block
+// block's mask bias beside them, and mbarriers hand stages back and forth; beside each Q it
+// writes the tile's coordinates, rows and key walk (TileInfo), which the consumers take
+// rather than derive. Each consumer warpgroup owns 64 query rows: it keeps its Q fragments in registers and per key block
 // issues S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
 // memory), with the online softmax between them in registers. A third group keeps the
 // tensor cores busy while the other two run their softmax (the exp2s of a block take about
