@@ -5,17 +5,17 @@
 // The producer streams each tile's Q (64 rows a consumer) and its key blocks (K and V, 128
 // keys) through TMA into a ring of swizzled shared memory stages (HeadTile), with the key
 // block's mask bias beside them, and mbarriers hand stages back and forth; beside each Q it
-// writes the tile's coordinates, rows and key walk (TileInfo), which the consumers take
-// rather than derive. Each consumer warpgroup owns 64 query rows: it keeps its Q fragments in registers and per key block
-// issues S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from registers, B from shared
-// memory), with the online softmax between them in registers. A third group keeps the
-// tensor cores busy while the other two run their softmax (the exp2s of a block take about
-// as long as its two products at head size 64); a group whose rows are all past the
+// writes the tile's coordinates, rows and key walk (TileInfo), which the consumers take rather
+// than derive. Each consumer warpgroup owns 64 query rows: it keeps its Q fragments in
+// registers and per key block issues S = Q K^T and O += P V as warpgroup MMAs (wgmma, A from
+// registers, B from shared memory), with the online softmax between them in registers. A third
+// group keeps the tensor cores busy while the other two run their softmax (the exp2s of a block
+// take about as long as its two products at head size 64); a group whose rows are all past the
 // sequence only hands the stages on. Dropout reads its keep bits, drawn beforehand
-// (keep_bits_kernel), through the same stages. With a window, producer and consumers walk
-// only the key blocks within it of the tile's rows, and the blocks that cross its edge set
-// the scores outside it to -inf. Same arguments and results as flash_forward.cu
-// (ForwardArgs), so the two are interchangeable.
+// (keep_bits_kernel), through the same stages. With a window, producer and consumers walk only
+// the key blocks within it of the tile's rows, and the blocks that cross its edge set the
+// scores outside it to -inf. Same arguments and results as flash_forward.cu (ForwardArgs), so
+// the two are interchangeable.
 #include <algorithm>
 #include <array>
 #include <atomic>
