@@ -177,13 +177,14 @@ __global__ void __launch_bounds__(forward_threads(D), 1)
       if (tc.bh < 0) break;
       const int bh = tc.bh, qt = tc.block, b = bh / a.heads, h = bh % a.heads;
       const SequenceRows rows = sequence_rows(a.row_start, key_lengths, b, S, a.window);
-      if (qt * kRows >= query_rows(a, rows)) continue;  // past the rows written (the consumers skip it too)
+      const int queries = query_rows(a, rows);
+      if (qt * kRows >= queries) continue;  // past the rows written: the consumers never see it
       const BlockRange walk = key_walk<kRows>(a, rows, qt);
       const int row0 = int(rows.first);
       const int32_t* mask_row = packed ? nullptr : a.mask + int64_t(b) * S;
       mbar_wait(q_empty, (q_iter++ & 1) ^ 1);
       if (lane == 0) {
-        *sTile = TileInfo{rows.first, bh, h, qt, query_rows(a, rows), walk.lo, walk.hi};
+        *sTile = TileInfo{rows.first, bh, h, qt, queries, walk.lo, walk.hi};
         mbar_arrive_expect_tx(q_full, QTile::kBytes);
         for (int p = 0; p < QTile::kPanels; ++p)
           tma_load_2d(sQ + p * QTile::kPanelBytes, &q_map, h * D + p * QTile::kCols, row0 + qt * kRows, q_full);
