@@ -21,6 +21,7 @@
 #include "hone/philox.h"
 #include "hone/profile.h"
 #include "ops/cpu_pages.h"
+#include "ops/cpu_quotient.h"
 #include "test_util.h"
 
 namespace hone {
@@ -1682,6 +1683,24 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
     EXPECT_TRUE(std::isnan(p.f()[7]));
   }
   omp_set_num_threads(threads_before);
+}
+
+// The update's sqrt(v) / bias2_sqrt, a product and two FMAs, has the division's bits: every
+// 997th float from 2^-75 (below the square root of the least positive float) to 2^64 (above
+// that of the greatest), and 0, inf and NaN, at the bias corrections of several betas and steps.
+TEST(OpsOptimizer, RoundedQuotientHasTheDivisionsBits) {
+  const auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
+  for (const double beta2 : {0.95, 0.999, 0.9999, 0.99999})
+    for (const int64_t step : {int64_t(1), int64_t(2), int64_t(10), int64_t(1000), int64_t(100000)}) {
+      const float b = adamw_scalars(AdamWStep{.beta2 = beta2, .step = step}).bias2_sqrt, y = 1.0f / b;
+      for (uint32_t i = 0x1A000000u; i <= 0x5F800000u; i += 997) {
+        const float s = std::bit_cast<float>(i);
+        ASSERT_EQ(bits(cpu::rounded_quotient(s, b, y)), bits(s / b)) << s << " / " << b;
+      }
+      for (const float s : {0.0f, std::numeric_limits<float>::infinity()})
+        EXPECT_EQ(bits(cpu::rounded_quotient(s, b, y)), bits(s / b)) << s;
+      EXPECT_TRUE(std::isnan(cpu::rounded_quotient(std::numeric_limits<float>::quiet_NaN(), b, y)));
+    }
 }
 
 // ---------------------------------------------------------------------------- dry run

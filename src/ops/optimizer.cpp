@@ -12,6 +12,7 @@
 
 #include "hone/cpu_backend.h"
 #include "hone/ops.h"
+#include "ops/cpu_quotient.h"
 #include "ops/op_util.h"
 
 namespace hone {
@@ -198,18 +199,15 @@ template <HalfCopy kind, bool fresh>
 HONE_VECTOR_CLONES void adamw_range(float* pp, float* mp, float* vp, const float* gp, uint16_t* hp, int64_t lo,
                                     int64_t hi, float clip, float decay, const AdamWScalars& k) {
   const float step_size = k.step_size, w1 = k.w1, w2 = k.w2, b2 = k.b2, eps = k.eps;
-  // sqrt(v) / bias2_sqrt as a product in double, one division an element fewer: the exact
-  // quotient of two floats lies at least 2^-49 (relatively) from a float rounding midpoint,
-  // further than the product's error (2^-52), so it rounds to the float quotient's bits
-  // (also checked over every non-negative float for the constants of steps 1, 10, 1000).
-  const double inverse_bias2_sqrt = 1.0 / double(k.bias2_sqrt);
+  // sqrt(v) / bias2_sqrt to the division's bits without a second division an element.
+  const float bias2_sqrt = k.bias2_sqrt, inverse_bias2_sqrt = 1.0f / bias2_sqrt;
 #pragma omp simd
   for (int64_t i = lo; i < hi; ++i) {
     const float g = gp[i] * clip;
     float p = pp[i] * decay;
     const float m = fresh ? w1 * g : mp[i] + w1 * (g - mp[i]);  // exp_avg.lerp_(grad, 1 - beta1)
     const float v = fresh ? w2 * g * g : vp[i] * b2 + w2 * g * g;
-    const float denom = float(double(std::sqrt(v)) * inverse_bias2_sqrt) + eps;
+    const float denom = cpu::rounded_quotient(std::sqrt(v), bias2_sqrt, inverse_bias2_sqrt) + eps;
     p -= step_size * (m / denom);
     pp[i] = p;
     mp[i] = m;
