@@ -9,14 +9,16 @@
 // steps, and sampled in the tests. s = +inf takes the division's +inf (the residual is a
 // NaN there); 0 and NaN come through as they are.
 #include <cmath>
-#include <limits>
 
 namespace hone::cpu {
 
 inline float rounded_quotient(float s, float b, float y) {
   const float q = s * y;
   const float corrected = std::fma(std::fma(-b, q, s), y, q);
-  return s == std::numeric_limits<float>::infinity() ? s : corrected;
+  // b <= 1, so the quotient is at least s; where s = +inf the residual is a NaN, which
+  // compares false, and s is the answer. One vector max, where a select on s == inf made
+  // the compiler mask the product on a second comparison.
+  return corrected > s ? corrected : s;
 }
 
 }  // namespace hone::cpu
