@@ -1639,7 +1639,7 @@ TEST(OpsOptimizer, AdamWEqualsTheScalarFormulaBitForBit) {
   // as a word embedding's unused rows): its moments are left alone, to the same bits, and
   // without weight decay its parameters too.
   // The second moments span 2^-100 .. 2^50 and the steps give bias corrections from
-  // 0.04 to near 1, so that sqrt(v) / bias2_sqrt (a product in double there) meets many
+  // 0.04 to near 1, so that sqrt(v) / bias2_sqrt (a product and two FMAs there) meets many
   // quotients and binades. The thread counts split the three pages every way a thread's
   // walk over the two halves of its range can go (none, one, two or three pages a thread).
   const int n = 3003;

@@ -7,7 +7,9 @@
 // for b in (0, 1] and s from 2^-75 up (every square root of a positive float), checked
 // against the division for every such s at the bias corrections of several betas and
 // steps, and sampled in the tests. s = +inf takes the division's +inf (the residual is a
-// NaN there); 0 and NaN come through as they are.
+// NaN there); 0 and NaN come through as they are. Where the CPU has no FMA instruction
+// (x86-64's baseline copy of the vector clones), std::fma is the C library's fmaf: exact,
+// and slow, on CPUs from before 2013 only.
 #include <cmath>
 
 namespace hone::cpu {
